@@ -1,0 +1,221 @@
+package txoutbox
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Defaults of [ForwarderConfig], applied to zero fields.
+const (
+	BatchSizeDefault          = 100
+	LeaseDefault              = 30 * time.Second
+	ConcurrencyDefault        = 16
+	MaxAttemptsDefault        = 10
+	PublishTimeoutDefault     = 5 * time.Second
+	PollMinDefault            = 50 * time.Millisecond
+	PollMaxDefault            = 5 * time.Second
+	PollFactorDefault         = 2.0
+	StorageErrorDelayDefault  = time.Second
+	ShutdownTimeoutDefault    = 10 * time.Second
+	BookkeepingTimeoutDefault = 10 * time.Second
+
+	BackoffBaseDefault   = time.Second
+	BackoffFactorDefault = 2.0
+	BackoffMaxDefault    = 5 * time.Minute
+	BackoffJitterDefault = 0.25
+)
+
+// NoPublishTimeout turns the per-publish timeout off when set as
+// [ForwarderConfig.PublishTimeout]. Leave the timeout on unless the target
+// bounds its own calls: a hung publish otherwise holds its lease forever.
+const NoPublishTimeout time.Duration = -1
+
+// Backoff is the retry schedule of a failed publish: the n-th attempt waits
+// Base*Factor^(n-1), capped at Max, then spread by ±Jitter (a fraction).
+type Backoff struct {
+	// Base is the delay after the first failed attempt. Defaults to 1s.
+	Base time.Duration
+	// Factor multiplies the delay after each further attempt; >= 1. Defaults to 2.
+	Factor float64
+	// Max caps the delay. Defaults to 5m.
+	Max time.Duration
+	// Jitter spreads each delay uniformly by ±Jitter*delay, in [0, 1], so
+	// retries of many records do not hit a recovering broker at once.
+	// Defaults to 0.25; set NoJitter for exact delays.
+	Jitter float64
+}
+
+// NoJitter turns jitter off when set as [Backoff.Jitter].
+const NoJitter = -1.0
+
+func (b *Backoff) setDefaults() {
+	b.Base = cmp.Or(b.Base, BackoffBaseDefault)
+	b.Factor = cmp.Or(b.Factor, BackoffFactorDefault)
+	b.Max = cmp.Or(b.Max, BackoffMaxDefault)
+	b.Jitter = cmp.Or(b.Jitter, BackoffJitterDefault)
+	if b.Jitter == NoJitter {
+		b.Jitter = 0
+	}
+}
+
+func (b Backoff) validate() error {
+	switch {
+	case b.Base < 0:
+		return fmt.Errorf("Backoff.Base must be > 0, got %s", b.Base)
+	case b.Factor < 1 || math.IsInf(b.Factor, 0) || math.IsNaN(b.Factor):
+		return fmt.Errorf("Backoff.Factor must be a finite number >= 1, got %v", b.Factor)
+	case b.Max < b.Base:
+		return fmt.Errorf("Backoff.Max (%s) must be >= Backoff.Base (%s)", b.Max, b.Base)
+	case b.Jitter < 0 || b.Jitter > 1 || math.IsNaN(b.Jitter):
+		return fmt.Errorf("Backoff.Jitter must be in [0, 1], got %v", b.Jitter)
+	}
+	return nil
+}
+
+// Delay returns the wait before the retry that follows failed attempt number
+// attempt (1 for the first attempt).
+func (b Backoff) Delay(attempt int) time.Duration {
+	d := float64(b.Base) * math.Pow(b.Factor, float64(max(attempt, 1)-1))
+	d = min(d, float64(b.Max))
+	if b.Jitter > 0 {
+		d *= 1 + b.Jitter*(2*rand.Float64()-1)
+	}
+	return time.Duration(d)
+}
+
+// ForwarderConfig configures a [Forwarder]. The zero value is usable: every zero
+// field takes its default.
+type ForwarderConfig struct {
+	// BatchSize is how many records one round claims. Defaults to 100.
+	BatchSize int
+	// Lease is how long claimed records stay leased to this forwarder; another
+	// forwarder may claim them after it expires. A round must finish inside it.
+	// Defaults to 30s.
+	Lease time.Duration
+	// Concurrency is how many key groups are published in parallel. Inside a
+	// group, records are published one after another in id order. Defaults to 16.
+	Concurrency int
+	// MaxAttempts is the number of attempts after which a failing record is
+	// dead-lettered. Defaults to 10.
+	MaxAttempts int
+	// Backoff is the retry schedule of failed publishes.
+	Backoff Backoff
+	// PublishTimeout bounds each publish, middleware included. The message's
+	// context carries the deadline; targets that ignore it are abandoned at the
+	// deadline and the record is retried. Defaults to 5s; NoPublishTimeout
+	// turns it off.
+	PublishTimeout time.Duration
+	// PollMin is the idle sleep after a round that found work. Defaults to 50ms.
+	PollMin time.Duration
+	// PollMax caps the idle sleep while the table stays empty. Defaults to 5s.
+	PollMax time.Duration
+	// PollFactor multiplies the idle sleep after each empty round; >= 1.
+	// Defaults to 2.
+	PollFactor float64
+	// StorageErrorDelay is the wait after a storage error before the next round.
+	// Defaults to 1s.
+	StorageErrorDelay time.Duration
+	// ShutdownTimeout bounds how long in-flight publishes may run after Run's
+	// context is cancelled; then they are abandoned and their records retried.
+	// Defaults to 10s.
+	ShutdownTimeout time.Duration
+	// BookkeepingTimeout bounds each write-back (ack, nack, release,
+	// dead-letter), which run even after the context is cancelled so that
+	// nothing is left leased. Defaults to 10s.
+	BookkeepingTimeout time.Duration
+	// WorkerID identifies this forwarder's leases. Defaults to a random id; give
+	// each forwarder its own.
+	WorkerID string
+	// Middlewares wrap each publish, first one outermost: Watermill's
+	// middleware (Retry, Timeout, CircuitBreaker, ...) and txoutbox/middleware
+	// apply. The message they see carries the outbox metadata
+	// (MetadataOutboxID, MetadataAttempt, MetadataKey, MetadataCreatedAt) and
+	// its context holds the [Delivery] (see DeliveryFromContext).
+	Middlewares []message.HandlerMiddleware
+}
+
+// ErrLeaseTooShort is logged (not returned) when the configuration cannot
+// finish a worst-case round inside its lease, and when a round outran it.
+var ErrLeaseTooShort = errors.New("lease shorter than a round")
+
+func (c *ForwarderConfig) setDefaults() {
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.Lease = cmp.Or(c.Lease, LeaseDefault)
+	c.Concurrency = cmp.Or(c.Concurrency, ConcurrencyDefault)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
+	c.Backoff.setDefaults()
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.PollMin = cmp.Or(c.PollMin, PollMinDefault)
+	c.PollMax = cmp.Or(c.PollMax, PollMaxDefault)
+	c.PollFactor = cmp.Or(c.PollFactor, PollFactorDefault)
+	c.StorageErrorDelay = cmp.Or(c.StorageErrorDelay, StorageErrorDelayDefault)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, ShutdownTimeoutDefault)
+	c.BookkeepingTimeout = cmp.Or(c.BookkeepingTimeout, BookkeepingTimeoutDefault)
+	c.WorkerID = cmp.Or(c.WorkerID, "txoutbox-"+watermill.NewShortUUID())
+}
+
+// Validate checks a configuration after defaults were applied and names the
+// field and its bound on error.
+func (c ForwarderConfig) Validate() error {
+	var errs []error
+	positive := func(name string, d time.Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be > 0, got %s", name, d))
+		}
+	}
+	if c.BatchSize <= 0 {
+		errs = append(errs, fmt.Errorf("BatchSize must be > 0, got %d", c.BatchSize))
+	}
+	if c.Concurrency <= 0 {
+		errs = append(errs, fmt.Errorf("Concurrency must be > 0, got %d", c.Concurrency))
+	}
+	if c.MaxAttempts <= 0 {
+		errs = append(errs, fmt.Errorf("MaxAttempts must be > 0, got %d", c.MaxAttempts))
+	}
+	positive("Lease", c.Lease)
+	if c.PublishTimeout != NoPublishTimeout {
+		positive("PublishTimeout", c.PublishTimeout)
+	}
+	positive("PollMin", c.PollMin)
+	positive("StorageErrorDelay", c.StorageErrorDelay)
+	positive("ShutdownTimeout", c.ShutdownTimeout)
+	positive("BookkeepingTimeout", c.BookkeepingTimeout)
+	if c.PollMax < c.PollMin {
+		errs = append(errs, fmt.Errorf("PollMax (%s) must be >= PollMin (%s)", c.PollMax, c.PollMin))
+	}
+	if c.PollFactor < 1 || math.IsInf(c.PollFactor, 0) || math.IsNaN(c.PollFactor) {
+		errs = append(errs, fmt.Errorf("PollFactor must be a finite number >= 1, got %v", c.PollFactor))
+	}
+	if err := c.Backoff.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.WorkerID == "" {
+		errs = append(errs, errors.New("WorkerID must not be empty"))
+	}
+	for i, m := range c.Middlewares {
+		if m == nil {
+			errs = append(errs, fmt.Errorf("Middlewares[%d] is nil", i))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid forwarder config: %w", err)
+	}
+	return nil
+}
+
+// worstCaseRound is how long a round may take when every publish runs to its
+// timeout: ceil(BatchSize/Concurrency) publishes one after another.
+func (c ForwarderConfig) worstCaseRound() time.Duration {
+	if c.PublishTimeout <= 0 {
+		return 0
+	}
+	serial := (c.BatchSize + c.Concurrency - 1) / c.Concurrency
+	return time.Duration(serial) * c.PublishTimeout
+}

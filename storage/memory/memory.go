@@ -1,0 +1,381 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// Config configures a [Storage]. The zero value is ready to use.
+type Config struct {
+	// DisableStrictOrdering turns strict ordering off: a record is then
+	// claimable even while an earlier record with the same key is leased or
+	// waiting for its retry. Defaults to false (strict ordering on).
+	DisableStrictOrdering bool
+
+	// Now is the clock used for leases, due times and ages. Defaults to
+	// time.Now; tests can pass a fake clock.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Storage is an in-memory outbox table. It is safe for concurrent use; the
+// zero value is not usable, call [New].
+type Storage struct {
+	config Config
+
+	mu      sync.Mutex
+	lastID  int64
+	records []*entry // ascending id order; Purge removes from it
+	byID    map[int64]*entry
+}
+
+// entry is one record and its bookkeeping, the columns a SQL table would have.
+type entry struct {
+	record      storage.Record // Attempts is kept up to date here
+	status      storage.Status
+	lastError   string
+	leasedBy    string    // empty when not leased
+	leasedUntil time.Time // zero when not leased
+	dueAt       time.Time // zero when due at once
+	deliveredAt time.Time // set by Ack, for Purge
+}
+
+// RecordState is a snapshot of one stored record, returned by [Storage.Get].
+type RecordState struct {
+	// Record is a copy of the record, with its current attempts.
+	Record storage.Record
+	// Status is pending, delivered or dead.
+	Status storage.Status
+	// LastError is the error of the last Nack or DeadLetter, empty when none.
+	LastError string
+	// LeasedBy is the worker holding the lease, empty when none.
+	LeasedBy string
+	// LeasedUntil is the end of the lease, zero when not leased.
+	LeasedUntil time.Time
+	// DueAt is when the record is due, zero when due at once.
+	DueAt time.Time
+}
+
+// Compile-time checks of what the reference storage promises.
+var (
+	_ storage.Storage     = (*Storage)(nil)
+	_ storage.StatsReader = (*Storage)(nil)
+	_ storage.Maintainer  = (*Storage)(nil)
+)
+
+// New returns an empty storage.
+func New(config Config) *Storage {
+	config.setDefaults()
+	return &Storage{config: config, byID: make(map[int64]*entry)}
+}
+
+// Add inserts records, committed at once, and returns their ids in the same
+// order. Only UUID, Topic, Key, Payload and Metadata are used; the payload and
+// metadata are copied. Add does not validate the records.
+func (s *Storage) Add(records ...storage.Record) []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	now := s.config.Now()
+	ids := make([]int64, 0, len(records))
+	for _, r := range records {
+		s.lastID++
+		e := &entry{
+			record: storage.Record{
+				ID:        s.lastID,
+				UUID:      r.UUID,
+				Topic:     r.Topic,
+				Key:       r.Key,
+				Payload:   slices.Clone(r.Payload),
+				Metadata:  maps.Clone(r.Metadata),
+				CreatedAt: now,
+			},
+			status: storage.StatusPending,
+		}
+		s.records = append(s.records, e)
+		s.byID[e.record.ID] = e
+		ids = append(ids, e.record.ID)
+	}
+	return ids
+}
+
+// Get returns the stored state of the record with this id, and false when
+// there is none (never inserted, or purged).
+func (s *Storage) Get(id int64) (RecordState, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	e, ok := s.byID[id]
+	if !ok {
+		return RecordState{}, false
+	}
+	return RecordState{
+		Record:      cloneRecord(e.record),
+		Status:      e.status,
+		LastError:   e.lastError,
+		LeasedBy:    e.leasedBy,
+		LeasedUntil: e.leasedUntil,
+		DueAt:       e.dueAt,
+	}, true
+}
+
+// Claim leases up to params.BatchSize due, unleased, pending records to
+// params.WorkerID, in id order, and increments their attempts.
+func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]storage.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("claim outbox records: %w", err)
+	}
+	if params.BatchSize <= 0 || params.Lease <= 0 || params.WorkerID == "" {
+		return nil, fmt.Errorf("claim outbox records: batch size %d and lease %v must be > 0 and the worker id set",
+			params.BatchSize, params.Lease)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	now := s.config.Now()
+	strict := !s.config.DisableStrictOrdering
+	// heldBack holds the keys whose first pending record is not claimable now:
+	// every later record of such a key waits (strict ordering).
+	heldBack := make(map[string]bool)
+	claimed := make([]*entry, 0, params.BatchSize)
+
+	for _, e := range s.records {
+		if len(claimed) == params.BatchSize {
+			break
+		}
+		if e.status != storage.StatusPending {
+			continue
+		}
+		key := e.record.Key
+		if strict && key != "" && heldBack[key] {
+			continue
+		}
+		// Judged on the state before this claim, so a key's claimable records
+		// can share one batch: the forwarder publishes them in order.
+		if !e.claimableAt(now) {
+			if strict && key != "" {
+				heldBack[key] = true
+			}
+			continue
+		}
+		claimed = append(claimed, e)
+	}
+
+	out := make([]storage.Record, 0, len(claimed))
+	for _, e := range claimed {
+		e.leasedBy = params.WorkerID
+		e.leasedUntil = now.Add(params.Lease)
+		e.record.Attempts++
+		out = append(out, cloneRecord(e.record))
+	}
+	return out, nil
+}
+
+// Ack marks the records leased by params.WorkerID delivered.
+func (s *Storage) Ack(ctx context.Context, params storage.AckParams) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("ack outbox records: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	now := s.config.Now()
+	for _, id := range params.IDs {
+		if e := s.leased(id, params.WorkerID); e != nil {
+			e.status = storage.StatusDelivered
+			e.deliveredAt = now
+			e.endLease()
+		}
+	}
+	return nil
+}
+
+// Nack records the error and schedules the retry of a record leased by
+// params.WorkerID.
+func (s *Storage) Nack(ctx context.Context, params storage.NackParams) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("nack outbox record %d: %w", params.ID, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	if e := s.leased(params.ID, params.WorkerID); e != nil {
+		e.lastError = params.Error
+		e.dueAt = params.RetryAt
+		e.endLease()
+	}
+	return nil
+}
+
+// Release gives back records leased by params.WorkerID that were never tried:
+// attempts-1, no error recorded, due again at params.RetryAt.
+func (s *Storage) Release(ctx context.Context, params storage.ReleaseParams) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("release outbox records: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	for _, id := range params.IDs {
+		if e := s.leased(id, params.WorkerID); e != nil {
+			e.record.Attempts = max(e.record.Attempts-1, 0)
+			e.dueAt = params.RetryAt
+			e.endLease()
+		}
+	}
+	return nil
+}
+
+// DeadLetter parks a record leased by params.WorkerID for good.
+func (s *Storage) DeadLetter(ctx context.Context, params storage.DeadLetterParams) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("dead-letter outbox record %d: %w", params.ID, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	if e := s.leased(params.ID, params.WorkerID); e != nil {
+		e.status = storage.StatusDead
+		e.lastError = params.Error
+		e.endLease()
+	}
+	return nil
+}
+
+// Stats counts the records by state.
+func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
+	if err := ctx.Err(); err != nil {
+		return storage.Stats{}, fmt.Errorf("read outbox stats: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	now := s.config.Now()
+	var stats storage.Stats
+	for _, e := range s.records {
+		switch e.status {
+		case storage.StatusPending:
+			stats.Pending++
+			if now.Before(e.leasedUntil) {
+				stats.Leased++
+			}
+			if stats.Pending == 1 {
+				// Ids grow with insertion, so the first pending record is the oldest.
+				stats.OldestPendingAge = max(now.Sub(e.record.CreatedAt), 0)
+			}
+		case storage.StatusDelivered:
+			stats.Delivered++
+		case storage.StatusDead:
+			stats.Dead++
+		}
+	}
+	return stats, nil
+}
+
+// Purge deletes records delivered more than olderThan ago and returns how
+// many it deleted.
+func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("purge outbox records: %w", err)
+	}
+	if olderThan < 0 {
+		return 0, fmt.Errorf("purge outbox records: olderThan is %v, must be >= 0", olderThan)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	cutoff := s.config.Now().Add(-olderThan)
+	var deleted int64
+	s.records = slices.DeleteFunc(s.records, func(e *entry) bool {
+		if e.status != storage.StatusDelivered || !e.deliveredAt.Before(cutoff) {
+			return false
+		}
+		delete(s.byID, e.record.ID)
+		deleted++
+		return true
+	})
+	return deleted, nil
+}
+
+// ErrInvalidRedrive is returned by [Storage.Redrive] unless exactly one of
+// IDs or Topic is set.
+var ErrInvalidRedrive = errors.New("set exactly one of RedriveParams.IDs or RedriveParams.Topic")
+
+// Redrive puts dead-lettered records back to pending with attempts reset and
+// no error, and returns how many it changed.
+func (s *Storage) Redrive(ctx context.Context, params storage.RedriveParams) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("redrive outbox records: %w", err)
+	}
+	if (len(params.IDs) == 0) == (params.Topic == "") {
+		return 0, fmt.Errorf("redrive outbox records: %w", ErrInvalidRedrive)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	redrive := func(e *entry) int64 {
+		if e == nil || e.status != storage.StatusDead {
+			return 0
+		}
+		e.status = storage.StatusPending
+		e.record.Attempts = 0
+		e.lastError = ""
+		e.dueAt = time.Time{}
+		e.endLease()
+		return 1
+	}
+	var changed int64
+	if params.Topic != "" {
+		for _, e := range s.records {
+			if e.record.Topic == params.Topic {
+				changed += redrive(e)
+			}
+		}
+		return changed, nil
+	}
+	for _, id := range params.IDs {
+		changed += redrive(s.byID[id])
+	}
+	return changed, nil
+}
+
+// leased returns the pending record with this id if workerID holds its lease,
+// nil otherwise: this is the fencing every write-back goes through. A lease
+// that expired but was not taken over still counts; once another worker
+// claims the record, leasedBy names that worker and the old one is shut out.
+func (s *Storage) leased(id int64, workerID string) *entry {
+	e := s.byID[id]
+	if e == nil || e.status != storage.StatusPending || e.leasedBy == "" || e.leasedBy != workerID {
+		return nil
+	}
+	return e
+}
+
+// claimableAt reports whether a pending record is due and unleased at now.
+func (e *entry) claimableAt(now time.Time) bool {
+	return !now.Before(e.dueAt) && !now.Before(e.leasedUntil)
+}
+
+func (e *entry) endLease() {
+	e.leasedBy = ""
+	e.leasedUntil = time.Time{}
+}
+
+func cloneRecord(r storage.Record) storage.Record {
+	r.Payload = slices.Clone(r.Payload)
+	r.Metadata = maps.Clone(r.Metadata)
+	return r
+}

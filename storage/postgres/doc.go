@@ -1,0 +1,48 @@
+// Package postgres is the PostgreSQL storage of txoutbox, on pgx/v5.
+//
+// Records live in one table of your database (see [Storage.SchemaSQL] for the
+// full DDL). Producers insert into it inside their own transaction with
+// [Storage.Insert] (pgx.Tx or *sql.Tx on the pgx stdlib driver); forwarders
+// claim leased batches from it with one statement per claim.
+//
+// # Schema
+//
+// A row is pending until it is delivered or dead. Delivered rows stay until
+// [Storage.Purge] removes them, so every hot query reads partial indexes that
+// hold pending rows only: a claim costs the same whether the table holds a
+// thousand delivered rows or a hundred million. A claim leases rows with
+// leased_by and leased_until, increments attempts, and skips rows locked by
+// another claimer (FOR UPDATE SKIP LOCKED).
+//
+// # Strict ordering
+//
+// On by default: a row is held back while an earlier pending row with the same
+// key is leased or not yet due. Claims on one table take a transaction-scoped
+// advisory lock, sent in the same round trip as the claim, so each claim sees
+// the leases committed by the one before it. That serialises claims per table;
+// set [Config.DisableStrictOrdering] when order per key does not matter.
+//
+// # Wake-ups
+//
+// With [Config.NotifyChannel] set, the schema adds a statement-level trigger
+// that notifies the channel after each insert, and [Storage.Listen] turns the
+// notifications into forwarder wake-ups, reconnecting by itself.
+//
+// # Usage
+//
+//	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//	if err != nil {
+//		return err
+//	}
+//	store, err := postgres.New(pool, postgres.Config{Table: "app.outbox", NotifyChannel: "outbox"})
+//	if err != nil {
+//		return err
+//	}
+//	if err := store.CreateSchema(ctx); err != nil { // or put store.SchemaSQL() in a migration
+//		return err
+//	}
+//	// In a producer's transaction:
+//	err = store.Insert(ctx, tx, []storage.Record{{UUID: id, Topic: "orders", Key: orderID, Payload: body}})
+//	// Next to the forwarder:
+//	go store.Listen(ctx, forwarder.Wake)
+package postgres

@@ -1,0 +1,167 @@
+package postgres
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// TableDefault is the outbox table used when [Config.Table] is empty. Unqualified,
+// it resolves through the connection's search_path.
+const TableDefault = "outbox"
+
+// maxIdentifierLen is PostgreSQL's NAMEDATALEN-1: longer names are silently
+// truncated by the server, so they are refused instead.
+const maxIdentifierLen = 63
+
+// Config configures a [Storage]. The zero value is usable: table "outbox",
+// strict ordering on, no visibility delay, no LISTEN/NOTIFY.
+type Config struct {
+	// Table is the outbox table, optionally schema-qualified ("app.outbox").
+	// Each part must be a plain identifier: ASCII letters, digits and
+	// underscores, not starting with a digit, at most 63 bytes. Names are quoted,
+	// so they are case-sensitive. Defaults to [TableDefault].
+	Table string
+
+	// DisableStrictOrdering turns strict per-key ordering off. With it on (the
+	// default) a record is held back while an earlier pending record with the
+	// same key is not claimable, and claims on one table are serialised by a
+	// transaction-scoped advisory lock.
+	DisableStrictOrdering bool
+
+	// VisibilityDelay makes Claim take only records created at least this long
+	// ago, so that a record whose id was taken by a long producer transaction is
+	// not overtaken by later ids that committed first. Set it above your longest
+	// producer transaction. Defaults to 0 (no delay); must not be negative.
+	VisibilityDelay time.Duration
+
+	// NotifyChannel, when set, adds to the schema a trigger that sends a
+	// notification on this channel after every insert statement, and enables
+	// [Storage.Listen]. Same rules as a Table part. Defaults to "" (no trigger).
+	NotifyChannel string
+
+	// Logger receives the listener's connection events. Defaults to
+	// watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+func (c *Config) setDefaults() {
+	c.Table = cmp.Or(c.Table, TableDefault)
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Validate reports the first invalid field. Identifier errors wrap
+// [storage.ErrInvalidIdentifier].
+func (c Config) Validate() error {
+	table := cmp.Or(c.Table, TableDefault)
+	if _, err := parseTable(table); err != nil {
+		return fmt.Errorf("Config.Table: %w", err)
+	}
+	if c.NotifyChannel != "" {
+		if err := checkIdentifier(c.NotifyChannel); err != nil {
+			return fmt.Errorf("Config.NotifyChannel: %w", err)
+		}
+	}
+	if c.VisibilityDelay < 0 {
+		return fmt.Errorf("Config.VisibilityDelay is %s: must be >= 0", c.VisibilityDelay)
+	}
+	return nil
+}
+
+// checkIdentifier accepts only plain SQL identifiers, so that names coming from
+// configuration can never change the meaning of a statement.
+func checkIdentifier(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty name", storage.ErrInvalidIdentifier)
+	}
+	if len(name) > maxIdentifierLen {
+		return fmt.Errorf("%w: %q is %d bytes, at most %d allowed", storage.ErrInvalidIdentifier, name, len(name), maxIdentifierLen)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		letter := c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+		digit := c >= '0' && c <= '9'
+		if !letter && !(digit && i > 0) {
+			return fmt.Errorf("%w: %q: use ASCII letters, digits and underscores, not starting with a digit", storage.ErrInvalidIdentifier, name)
+		}
+	}
+	return nil
+}
+
+// parseTable splits "table" or "schema.table" and validates each part.
+func parseTable(name string) (pgx.Identifier, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("%w: %q: expected table or schema.table", storage.ErrInvalidIdentifier, name)
+	}
+	for _, p := range parts {
+		if err := checkIdentifier(p); err != nil {
+			return nil, err
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+// Storage is the PostgreSQL outbox storage over a pgx pool. It implements
+// [storage.Storage], [storage.Inserter], [storage.StatsReader] and
+// [storage.Maintainer], and is safe for concurrent use.
+type Storage struct {
+	pool   *pgxpool.Pool
+	config Config
+
+	ident   pgx.Identifier // table, as configured
+	table   string         // table, quoted for SQL
+	lockKey int64          // advisory lock serialising strict-ordering claims
+
+	q queries
+}
+
+var (
+	_ storage.Storage     = (*Storage)(nil)
+	_ storage.Inserter    = (*Storage)(nil)
+	_ storage.StatsReader = (*Storage)(nil)
+	_ storage.Maintainer  = (*Storage)(nil)
+)
+
+// New returns a storage over pool. It validates config and does not touch the
+// database: create the table with [Storage.CreateSchema] or your migration tool
+// ([Storage.SchemaSQL]).
+func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
+	if pool == nil {
+		return nil, errors.New("postgres: nil pool (create one with pgxpool.New)")
+	}
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("postgres: invalid config: %w", err)
+	}
+	ident, _ := parseTable(config.Table)
+	s := &Storage{
+		pool:   pool,
+		config: config,
+		ident:  ident,
+		table:  ident.Sanitize(),
+	}
+	h := fnv.New64a()
+	h.Write([]byte("txoutbox claim " + s.table))
+	s.lockKey = int64(h.Sum64())
+	s.q = buildQueries(s.table, !config.DisableStrictOrdering, config.VisibilityDelay)
+	return s, nil
+}
+
+// Table returns the outbox table as quoted in SQL, for example "app"."outbox".
+func (s *Storage) Table() string { return s.table }
+
+// StrictOrdering reports whether claims hold back records behind an earlier
+// unclaimable record of the same key.
+func (s *Storage) StrictOrdering() bool { return !s.config.DisableStrictOrdering }

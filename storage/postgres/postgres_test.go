@@ -1,0 +1,676 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("a", 64)
+	cases := []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"zero value", Config{}, true},
+		{"qualified", Config{Table: "app.outbox"}, true},
+		{"underscore and digits", Config{Table: "_s1.t_2", NotifyChannel: "ch_1"}, true},
+		{"63 bytes", Config{Table: strings.Repeat("a", 63) + "." + strings.Repeat("b", 63)}, true},
+		{"64 bytes", Config{Table: long}, false},
+		{"64 byte schema", Config{Table: long + ".t"}, false},
+		{"three parts", Config{Table: "a.b.c"}, false},
+		{"empty part", Config{Table: "app."}, false},
+		{"leading digit", Config{Table: "1outbox"}, false},
+		{"quote", Config{Table: `outbox"; DROP TABLE x; --`}, false},
+		{"space", Config{Table: "my outbox"}, false},
+		{"semicolon", Config{Table: "outbox;"}, false},
+		{"non-ascii", Config{Table: "ötbox"}, false},
+		{"NUL", Config{Table: "out\x00box"}, false},
+		{"hostile channel", Config{NotifyChannel: "x'); SELECT pg_sleep(10); --"}, false},
+		{"dotted channel", Config{NotifyChannel: "a.b"}, false},
+		{"negative delay", Config{VisibilityDelay: -time.Second}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.cfg.Validate()
+			if c.ok && err != nil {
+				t.Fatalf("Validate(%+v) = %v, want nil", c.cfg, err)
+			}
+			if !c.ok && err == nil {
+				t.Fatalf("Validate(%+v) = nil, want an error", c.cfg)
+			}
+			if !c.ok && (c.cfg.Table != "" || c.cfg.NotifyChannel != "") && !errors.Is(err, storage.ErrInvalidIdentifier) {
+				t.Fatalf("Validate(%+v) = %v, want it to wrap storage.ErrInvalidIdentifier", c.cfg, err)
+			}
+		})
+	}
+}
+
+func TestNewRejectsHostileNamesWithoutTouchingTheDatabase(t *testing.T) {
+	t.Parallel()
+	p := testPool(t)
+	schema := newSchema(t)
+	victim := schema + ".victim"
+	if _, err := p.Exec(t.Context(), "CREATE TABLE "+victim+" (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []Config{
+		{Table: schema + `.x; DROP TABLE ` + victim},
+		{Table: schema + ".ok", NotifyChannel: "c'); DROP TABLE " + victim + "; --"},
+	} {
+		s, err := New(p, cfg)
+		if !errors.Is(err, storage.ErrInvalidIdentifier) || s != nil {
+			t.Fatalf("New(%+v) = %v, %v; want nil and an error wrapping ErrInvalidIdentifier", cfg, s, err)
+		}
+	}
+	if _, err := p.Exec(t.Context(), "SELECT * FROM "+victim); err != nil {
+		t.Fatalf("the victim table is gone: %v", err)
+	}
+	if _, err := New(nil, Config{}); err == nil {
+		t.Fatal("New(nil pool) succeeded")
+	}
+}
+
+func TestSchemaSQL(t *testing.T) {
+	t.Parallel()
+	s, err := New(new(pgxpool.Pool), Config{Table: "app.Outbox", NotifyChannel: "Wake"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ddl := s.SchemaSQL()
+	for _, want := range []string{
+		`CREATE TABLE IF NOT EXISTS "app"."Outbox"`,
+		`CREATE INDEX IF NOT EXISTS "Outbox_pending_idx" ON "app"."Outbox" (id) WHERE status = 'pending'`,
+		`(key, id) WHERE status = 'pending' AND key <> ''`,
+		`(delivered_at) WHERE status = 'delivered'`,
+		`(topic, id) WHERE status = 'dead'`,
+	} {
+		if !strings.Contains(ddl, want) {
+			t.Errorf("SchemaSQL lacks %q:\n%s", want, ddl)
+		}
+	}
+	for _, want := range []string{"pg_notify('Wake', '')", "FOR EACH STATEMENT", `"app"."Outbox_notify"()`} {
+		if !strings.Contains(ddl, want) {
+			t.Errorf("SchemaSQL lacks %q:\n%s", want, ddl)
+		}
+	}
+	if s.Table() != `"app"."Outbox"` {
+		t.Errorf("Table() = %s", s.Table())
+	}
+	s2, _ := New(new(pgxpool.Pool), Config{})
+	if strings.Contains(s2.SchemaSQL(), "TRIGGER") {
+		t.Error("SchemaSQL has a trigger without NotifyChannel")
+	}
+}
+
+func TestDerivedNamesStayDistinct(t *testing.T) {
+	t.Parallel()
+	long := pgx.Identifier{strings.Repeat("t", 63)}
+	seen := map[string]bool{}
+	for _, suffix := range []string{"pending_idx", "pending_key_idx", "delivered_idx", "dead_idx", "notify", "notify_trg"} {
+		n := derivedName(long, suffix)
+		if len(n) > maxIdentifierLen || seen[n] {
+			t.Fatalf("derivedName(%s) = %q: too long or duplicate", suffix, n)
+		}
+		seen[n] = true
+	}
+}
+
+func TestCreateSchemaIsIdempotentAndLongNamesWork(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{Table: strings.Repeat("o", 63), NotifyChannel: "c" + strings.Repeat("x", 62)})
+	if err := s.CreateSchema(t.Context()); err != nil {
+		t.Fatalf("second CreateSchema: %v", err)
+	}
+	var n int
+	err := s.pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_indexes WHERE schemaname = $1`, s.ident[0]).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 5 { // primary key + 4
+		t.Fatalf("%d indexes, want 5", n)
+	}
+	insert(t, s, recs("a", "")...)
+	if got := claim(t, s, "w", 10, time.Minute); len(got) != 2 {
+		t.Fatalf("claimed %d, want 2", len(got))
+	}
+}
+
+func TestClaimInIDOrderAndLeased(t *testing.T) {
+	t.Parallel()
+	for _, strict := range []bool{true, false} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, Config{DisableStrictOrdering: !strict})
+			in := recs("a", "", "b", "c", "", "d")
+			in[0].Metadata = map[string]string{"k": "v ✓"}
+			in[1].Payload = nil
+			want := insert(t, s, in...)
+			got := claim(t, s, "w1", 4, time.Minute)
+			if !slices.Equal(idsOf(got), want[:4]) {
+				t.Fatalf("claimed %v, want %v", idsOf(got), want[:4])
+			}
+			if got[0].Metadata["k"] != "v ✓" || got[0].UUID != in[0].UUID || got[0].Topic != "t" || got[0].Key != "a" || string(got[0].Payload) != "p" || got[0].Attempts != 1 {
+				t.Fatalf("first record = %+v", got[0])
+			}
+			if got[1].Payload != nil || got[1].Metadata != nil {
+				t.Fatalf("nil payload/metadata came back as %q/%v", got[1].Payload, got[1].Metadata)
+			}
+			rest := claim(t, s, "w2", 10, time.Minute)
+			if !slices.Equal(idsOf(rest), want[4:]) {
+				t.Fatalf("second claim %v, want %v", idsOf(rest), want[4:])
+			}
+			st := inspect(t, s, want[0])
+			if st.LeasedBy != "w1" || st.Attempts != 1 || time.Until(st.LeasedUntil) < 50*time.Second {
+				t.Fatalf("state after claim = %+v", st)
+			}
+			if got := claim(t, s, "w3", 10, time.Minute); len(got) != 0 {
+				t.Fatalf("claimed leased rows %v", idsOf(got))
+			}
+		})
+	}
+}
+
+func TestClaimRejectsBadParams(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	for _, p := range []storage.ClaimParams{{Lease: time.Second, WorkerID: "w"}, {BatchSize: 1, WorkerID: "w"}, {BatchSize: 1, Lease: time.Second}} {
+		if _, err := s.Claim(t.Context(), p); err == nil {
+			t.Errorf("Claim(%+v) succeeded", p)
+		}
+	}
+}
+
+func TestLeaseExpiryAndFencing(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	ids := insert(t, s, recs("", "", "", "")...)
+	claim(t, s, "w1", 10, 300*time.Millisecond)
+	var retaken []storage.Record
+	waitFor(t, 10*time.Second, "lease expiry", func() bool {
+		retaken = claim(t, s, "w2", 2, time.Minute)
+		return len(retaken) > 0
+	})
+	if !slices.Equal(idsOf(retaken), ids[:2]) || retaken[0].Attempts != 2 {
+		t.Fatalf("retaken %v (attempts %d), want %v with attempts 2", idsOf(retaken), retaken[0].Attempts, ids[:2])
+	}
+	// w1 lost rows 0 and 1 to w2: all its write-backs on them are ignored.
+	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "w1"}))
+	must(t, s.Nack(ctx, storage.NackParams{ID: ids[0], WorkerID: "w1", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.Release(ctx, storage.ReleaseParams{IDs: ids[:2], WorkerID: "w1", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[1], WorkerID: "w1", Error: "x"}))
+	for _, id := range ids[:2] {
+		if st := inspect(t, s, id); st.Status != storage.StatusPending || st.LeasedBy != "w2" || st.Attempts != 2 || st.LastError != "" {
+			t.Fatalf("row %d touched by a fenced write-back: %+v", id, st)
+		}
+	}
+	// Rows 2 and 3: lease expired but not retaken, still w1's.
+	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[2:], WorkerID: "w1"}))
+	if st := inspect(t, s, ids[2]); st.Status != storage.StatusDelivered {
+		t.Fatalf("ack of an expired but not retaken lease: %+v", st)
+	}
+	// Whole batch in one statement, unknown ids ignored.
+	must(t, s.Ack(ctx, storage.AckParams{IDs: append(idsOf(retaken), 999999), WorkerID: "w2"}))
+	for _, id := range ids[:2] {
+		if st := inspect(t, s, id); st.Status != storage.StatusDelivered || st.LeasedBy != "" {
+			t.Fatalf("row %d after ack: %+v", id, st)
+		}
+	}
+	// An ack after delivery changes nothing; empty batches are no-ops.
+	must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w2"}))
+	must(t, s.Ack(ctx, storage.AckParams{WorkerID: "w2"}))
+	must(t, s.Release(ctx, storage.ReleaseParams{WorkerID: "w2"}))
+}
+
+func TestNackReleaseDeadLetter(t *testing.T) {
+	t.Parallel()
+	for _, strict := range []bool{true, false} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, Config{DisableStrictOrdering: !strict})
+			ctx := t.Context()
+			ids := insert(t, s, recs("", "", "")...)
+			claim(t, s, "w", 10, time.Minute)
+			retryAt := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+			must(t, s.Nack(ctx, storage.NackParams{ID: ids[0], WorkerID: "w", Error: "broker down", RetryAt: retryAt}))
+			must(t, s.Release(ctx, storage.ReleaseParams{IDs: ids[1:2], WorkerID: "w", RetryAt: time.Now()}))
+			must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[2], WorkerID: "w", Error: "poison"}))
+
+			if st := inspect(t, s, ids[0]); st.LastError != "broker down" || st.Attempts != 1 || st.LeasedBy != "" || !st.DueAt.Equal(retryAt) {
+				t.Fatalf("after nack: %+v (want due %v)", st, retryAt)
+			}
+			if st := inspect(t, s, ids[1]); st.Attempts != 0 || st.LastError != "" || st.LeasedBy != "" || !st.DueAt.IsZero() {
+				t.Fatalf("after release: %+v", st)
+			}
+			if st := inspect(t, s, ids[2]); st.Status != storage.StatusDead || st.LastError != "poison" {
+				t.Fatalf("after dead-letter: %+v", st)
+			}
+			got := claim(t, s, "w", 10, time.Minute)
+			if !slices.Equal(idsOf(got), ids[1:2]) || got[0].Attempts != 1 {
+				t.Fatalf("claim after write-backs = %v, want only the released row with attempts 1", idsOf(got))
+			}
+		})
+	}
+}
+
+func TestStrictOrdering(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	// a1 a2 b1 "" a3 b2
+	ids := insert(t, s, recs("a", "a", "b", "", "a", "b")...)
+	first := claim(t, s, "w1", 1, time.Minute) // a1 leased
+	if !slices.Equal(idsOf(first), ids[:1]) {
+		t.Fatalf("first claim %v", idsOf(first))
+	}
+	// a2 and a3 are held behind leased a1; b and keyless pass.
+	got := claim(t, s, "w2", 10, time.Minute)
+	if want := []int64{ids[2], ids[3], ids[5]}; !slices.Equal(idsOf(got), want) {
+		t.Fatalf("claim with a1 leased = %v, want %v", idsOf(got), want)
+	}
+	// a1 nacked into the future: a2, a3 stay held back.
+	must(t, s.Nack(ctx, storage.NackParams{ID: ids[0], WorkerID: "w1", Error: "e", RetryAt: time.Now().Add(time.Hour)}))
+	if got := claim(t, s, "w2", 10, time.Minute); len(got) != 0 {
+		t.Fatalf("claim with a1 not due = %v, want nothing", idsOf(got))
+	}
+	// Dead rows do not hold their key back.
+	claimedA1 := false
+	_, err := s.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET due_at = now() WHERE id = $1", s.table), ids[0])
+	must(t, err)
+	if got := claim(t, s, "w1", 1, time.Minute); len(got) == 1 && got[0].ID == ids[0] {
+		claimedA1 = true
+	}
+	if !claimedA1 {
+		t.Fatal("a1 not claimable once due again")
+	}
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[0], WorkerID: "w1", Error: "poison"}))
+	got = claim(t, s, "w2", 10, time.Minute)
+	if want := []int64{ids[1], ids[4]}; !slices.Equal(idsOf(got), want) {
+		t.Fatalf("claim after a1 dead = %v, want %v", idsOf(got), want)
+	}
+
+	// Without strict ordering nothing is held back.
+	loose := newStore(t, Config{DisableStrictOrdering: true})
+	lids := insert(t, loose, recs("a", "a")...)
+	claim(t, loose, "w1", 1, time.Minute)
+	if got := claim(t, loose, "w2", 10, time.Minute); !slices.Equal(idsOf(got), lids[1:]) {
+		t.Fatalf("non-strict claim = %v, want %v", idsOf(got), lids[1:])
+	}
+}
+
+// TestStrictOrderingUnderConcurrentClaims races claimers over few keys: no
+// key may ever be leased to two workers at once, and each key's records must
+// be acked in id order.
+func TestStrictOrderingUnderConcurrentClaims(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	const n, keys, workers = 600, 5, 4
+	var in []storage.Record
+	for i := range n {
+		in = append(in, rec(fmt.Sprintf("k%d", i%keys)))
+	}
+	insert(t, s, in...)
+	var mu sync.Mutex
+	holder := map[string]string{}
+	last := map[string]int64{}
+	done := 0
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			worker := fmt.Sprintf("w%d", w)
+			for {
+				mu.Lock()
+				finished := done == n
+				mu.Unlock()
+				if finished {
+					return
+				}
+				got, err := s.Claim(t.Context(), storage.ClaimParams{BatchSize: 7, Lease: time.Minute, WorkerID: worker})
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				for _, r := range got {
+					if h, ok := holder[r.Key]; ok && h != worker {
+						mu.Unlock()
+						errs <- fmt.Errorf("key %s leased to %s and %s at once", r.Key, h, worker)
+						return
+					}
+				}
+				for _, r := range got {
+					holder[r.Key] = worker
+				}
+				mu.Unlock()
+				for _, r := range got {
+					mu.Lock()
+					if r.ID <= last[r.Key] {
+						mu.Unlock()
+						errs <- fmt.Errorf("key %s: record %d after %d", r.Key, r.ID, last[r.Key])
+						return
+					}
+					last[r.Key] = r.ID
+					mu.Unlock()
+				}
+				// Release the keys before the ack commits would be wrong: ack first.
+				if err := s.Ack(t.Context(), storage.AckParams{IDs: idsOf(got), WorkerID: worker}); err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				for _, r := range got {
+					if holder[r.Key] == worker {
+						delete(holder, r.Key)
+					}
+				}
+				done += len(got)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+func TestClaimDecodeError(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ids := insert(t, s, recs("", "")...)
+	// Valid JSON, but not a map of strings.
+	_, err := s.pool.Exec(t.Context(), fmt.Sprintf(`UPDATE %s SET metadata = '{"n": 1}' WHERE id = $1`, s.table), ids[0])
+	must(t, err)
+	got := claim(t, s, "w", 10, time.Minute)
+	if len(got) != 2 || got[0].DecodeError == nil || got[1].DecodeError != nil {
+		t.Fatalf("claim = %+v, want 2 records, the first with a DecodeError", got)
+	}
+}
+
+func TestVisibilityDelay(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{VisibilityDelay: 400 * time.Millisecond})
+	ids := insert(t, s, recs("a", "")...)
+	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed %v before the visibility delay", idsOf(got))
+	}
+	var got []storage.Record
+	waitFor(t, 10*time.Second, "rows to become visible", func() bool {
+		got = claim(t, s, "w", 10, time.Minute)
+		return len(got) > 0
+	})
+	if !slices.Equal(idsOf(got), ids) {
+		t.Fatalf("claimed %v, want %v", idsOf(got), ids)
+	}
+}
+
+func TestInsert(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	count := func() int {
+		var n int
+		must(t, s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.table).Scan(&n))
+		return n
+	}
+
+	// pgx.Tx, rolled back: nothing.
+	tx, err := s.pool.Begin(ctx)
+	must(t, err)
+	must(t, s.Insert(ctx, tx, recs("a", "b")))
+	must(t, tx.Rollback(ctx))
+	if n := count(); n != 0 {
+		t.Fatalf("%d rows after rollback", n)
+	}
+
+	// *sql.Tx on the stdlib driver, committed and rolled back.
+	db := stdlib.OpenDBFromPool(s.pool)
+	defer db.Close()
+	for _, commit := range []bool{false, true} {
+		stx, err := db.BeginTx(ctx, nil)
+		must(t, err)
+		must(t, s.Insert(ctx, stx, recs("x", "", "y")))
+		if commit {
+			must(t, stx.Commit())
+		} else {
+			must(t, stx.Rollback())
+		}
+	}
+	if n := count(); n != 3 {
+		t.Fatalf("%d rows after *sql.Tx inserts, want 3", n)
+	}
+	sqlIDs, err := func() ([]int64, error) {
+		stx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		defer stx.Rollback() //nolint:errcheck // test
+		return s.insert(ctx, stx, recs("1", "2"), true)
+	}()
+	must(t, err)
+	if len(sqlIDs) != 2 || sqlIDs[1] <= sqlIDs[0] {
+		t.Fatalf("ids through *sql.Tx = %v", sqlIDs)
+	}
+
+	// Unsupported transaction types.
+	for _, bad := range []any{nil, s.pool, db, "tx"} {
+		if err := s.Insert(ctx, bad, recs("a")); !errors.Is(err, storage.ErrUnsupportedTx) {
+			t.Fatalf("Insert(%T) = %v, want ErrUnsupportedTx", bad, err)
+		}
+	}
+
+	// Order of many records in one statement.
+	many := make([]storage.Record, 500)
+	for i := range many {
+		many[i] = rec("")
+		many[i].UUID = fmt.Sprintf("u%04d", i)
+	}
+	insert(t, s, many...)
+	got := claim(t, s, "w", 1000, time.Minute)
+	var uuids []string
+	for _, r := range got {
+		if strings.HasPrefix(r.UUID, "u") {
+			uuids = append(uuids, r.UUID)
+		}
+	}
+	if !slices.IsSorted(uuids) || len(uuids) != 500 {
+		t.Fatalf("records did not keep their order: %d uuids, sorted %v", len(uuids), slices.IsSorted(uuids))
+	}
+}
+
+func TestInsertRejectsInvalidRecords(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	bad := []struct {
+		name string
+		mut  func(*storage.Record)
+	}{
+		{"empty topic", func(r *storage.Record) { r.Topic = "" }},
+		{"topic not UTF-8", func(r *storage.Record) { r.Topic = "t\xff" }},
+		{"key not UTF-8", func(r *storage.Record) { r.Key = "\xc3" }},
+		{"NUL in key", func(r *storage.Record) { r.Key = "a\x00b" }},
+		{"NUL in uuid", func(r *storage.Record) { r.UUID = "\x00" }},
+		{"NUL in topic", func(r *storage.Record) { r.Topic = "t\x00" }},
+		{"metadata value not UTF-8", func(r *storage.Record) { r.Metadata = map[string]string{"k": "\xff"} }},
+		{"metadata key not UTF-8", func(r *storage.Record) { r.Metadata = map[string]string{"\xff": "v"} }},
+		{"NUL in metadata", func(r *storage.Record) { r.Metadata = map[string]string{"k": "\x00"} }},
+	}
+	for _, c := range bad {
+		tx, err := s.pool.Begin(ctx)
+		must(t, err)
+		r := rec("k")
+		c.mut(&r)
+		// One good record first: it must not be written either.
+		err = s.Insert(ctx, tx, []storage.Record{rec("ok"), r})
+		if !errors.Is(err, storage.ErrInvalidRecord) {
+			t.Errorf("%s: Insert = %v, want ErrInvalidRecord", c.name, err)
+		}
+		// The transaction is still usable: nothing was sent.
+		must(t, tx.Commit(ctx))
+	}
+	var n int
+	must(t, s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.table).Scan(&n))
+	if n != 0 {
+		t.Fatalf("%d rows written by invalid inserts", n)
+	}
+	// Binary payloads are fine.
+	r := rec("k")
+	r.Payload = []byte{0, 0xff, 0xfe}
+	insert(t, s, r)
+	if got := claim(t, s, "w", 1, time.Minute); len(got) != 1 || string(got[0].Payload) != "\x00\xff\xfe" {
+		t.Fatalf("binary payload came back as %q", got[0].Payload)
+	}
+}
+
+func TestStatsPurgeRedrive(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	st, err := s.Stats(ctx)
+	must(t, err)
+	if st != (storage.Stats{}) {
+		t.Fatalf("empty stats = %+v", st)
+	}
+	in := recs("", "", "", "", "", "")
+	in[4].Topic, in[5].Topic = "other", "other"
+	ids := insert(t, s, in...)
+	claim(t, s, "w", 6, time.Minute)
+	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "w"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[3], WorkerID: "w", Error: "x"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[4], WorkerID: "w", Error: "x"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[5], WorkerID: "w", Error: "x"}))
+	_, err = s.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET created_at = now() - interval '1 hour' WHERE id = $1", s.table), ids[2])
+	must(t, err)
+	st, err = s.Stats(ctx)
+	must(t, err)
+	if st.Pending != 1 || st.Leased != 1 || st.Delivered != 2 || st.Dead != 3 || st.OldestPendingAge < 59*time.Minute || st.OldestPendingAge > 61*time.Minute {
+		t.Fatalf("stats = %+v", st)
+	}
+
+	// Purge: only rows delivered longer ago than olderThan.
+	n, err := s.Purge(ctx, time.Hour)
+	must(t, err)
+	if n != 0 {
+		t.Fatalf("purged %d rows delivered just now", n)
+	}
+	n, err = s.Purge(ctx, 0)
+	must(t, err)
+	if n != 2 {
+		t.Fatalf("purged %d, want 2", n)
+	}
+
+	// Redrive.
+	if _, err := s.Redrive(ctx, storage.RedriveParams{}); err == nil {
+		t.Fatal("Redrive without selection succeeded")
+	}
+	if _, err := s.Redrive(ctx, storage.RedriveParams{IDs: ids[3:4], Topic: "t"}); err == nil {
+		t.Fatal("Redrive with both selections succeeded")
+	}
+	n, err = s.Redrive(ctx, storage.RedriveParams{IDs: []int64{ids[3], ids[2]}}) // ids[2] is not dead
+	must(t, err)
+	if n != 1 {
+		t.Fatalf("redrove %d by id, want 1", n)
+	}
+	if st := inspect(t, s, ids[3]); st.Status != storage.StatusPending || st.Attempts != 0 || st.LastError != "" || !st.DueAt.IsZero() {
+		t.Fatalf("after redrive: %+v", st)
+	}
+	n, err = s.Redrive(ctx, storage.RedriveParams{Topic: "other"})
+	must(t, err)
+	if n != 2 {
+		t.Fatalf("redrove %d by topic, want 2", n)
+	}
+	if got := claim(t, s, "w2", 10, time.Minute); !slices.Equal(idsOf(got), ids[3:]) {
+		t.Fatalf("claim after redrive = %v, want %v", idsOf(got), ids[3:])
+	}
+}
+
+func TestPurgeInBatches(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, topic, status, delivered_at)
+SELECT g::text, 't', 'delivered', now() - interval '2 days' FROM generate_series(1, 2500) g`, s.table))
+	must(t, err)
+	insert(t, s, recs("")...) // pending: never purged
+	n, err := s.Purge(ctx, 24*time.Hour)
+	must(t, err)
+	if n != 2500 {
+		t.Fatalf("purged %d, want 2500", n)
+	}
+	st, err := s.Stats(ctx)
+	must(t, err)
+	if st.Pending != 1 || st.Delivered != 0 {
+		t.Fatalf("stats after purge = %+v", st)
+	}
+	if _, err := s.Purge(ctx, -time.Second); err == nil {
+		t.Fatal("negative olderThan accepted")
+	}
+}
+
+// TestClaimPlanUsesIndexes checks the claim's plan on a table that is mostly
+// delivered rows: it must reach pending rows through the partial index.
+func TestClaimPlanUsesIndexes(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, topic, key, status, delivered_at)
+SELECT g::text, 't', 'k' || (g %% 100), 'delivered', now() FROM generate_series(1, 20000) g`, s.table))
+	must(t, err)
+	var in []storage.Record
+	for i := range 2000 {
+		in = append(in, rec(fmt.Sprintf("k%d", i%100)))
+	}
+	insert(t, s, in...)
+	_, err = s.pool.Exec(ctx, "ANALYZE "+s.table)
+	must(t, err)
+	plan := explainClaim(t, s, 1000, false)
+	if strings.Contains(plan, "Seq Scan") {
+		t.Fatalf("claim plan scans the table:\n%s", plan)
+	}
+	if !strings.Contains(plan, "outbox_pending_idx") {
+		t.Fatalf("claim plan does not use the pending index:\n%s", plan)
+	}
+}
+
+// explainClaim returns the plan of the claim statement, run inside a
+// transaction that is rolled back.
+func explainClaim(t testing.TB, s *Storage, batch int, analyze bool) string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // test
+	opts := "EXPLAIN "
+	if analyze {
+		opts = "EXPLAIN (ANALYZE, BUFFERS) "
+	}
+	rows, err := tx.Query(ctx, opts+s.q.claim, batch, "explain", time.Minute.Microseconds())
+	must(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	must(t, err)
+	return strings.Join(lines, "\n")
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,107 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// SchemaSQL returns the DDL of the outbox table, its indexes and, with
+// [Config.NotifyChannel] set, its notify trigger. Every statement is idempotent
+// (IF NOT EXISTS / OR REPLACE), so the text can go into a migration as is or be
+// run at start-up. The schema of a qualified table must already exist.
+func (s *Storage) SchemaSQL() string {
+	t := s.table
+	idx := func(suffix string) string { return pgx.Identifier{derivedName(s.ident, suffix)}.Sanitize() }
+	var b strings.Builder
+	fmt.Fprintf(&b, `CREATE TABLE IF NOT EXISTS %s (
+    id           BIGSERIAL PRIMARY KEY,
+    uuid         TEXT        NOT NULL,
+    topic        TEXT        NOT NULL,
+    key          TEXT        NOT NULL DEFAULT '',
+    payload      BYTEA,
+    metadata     JSONB,
+    created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    due_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
+    attempts     INTEGER     NOT NULL DEFAULT 0,
+    leased_by    TEXT,
+    leased_until TIMESTAMPTZ,
+    status       TEXT        NOT NULL DEFAULT 'pending'
+                 CHECK (status IN ('pending', 'delivered', 'dead')),
+    last_error   TEXT,
+    delivered_at TIMESTAMPTZ
+);
+
+-- Claim walks pending rows in id order; delivered rows never enter this index.
+CREATE INDEX IF NOT EXISTS %s ON %s (id) WHERE status = 'pending';
+
+-- Strict ordering: is there an earlier pending row of the same key?
+CREATE INDEX IF NOT EXISTS %s ON %s (key, id) WHERE status = 'pending' AND key <> '';
+
+-- Purge: delivered rows by age.
+CREATE INDEX IF NOT EXISTS %s ON %s (delivered_at) WHERE status = 'delivered';
+
+-- Redrive and inspection of dead-lettered rows by topic.
+CREATE INDEX IF NOT EXISTS %s ON %s (topic, id) WHERE status = 'dead';
+`, t,
+		idx("pending_idx"), t,
+		idx("pending_key_idx"), t,
+		idx("delivered_idx"), t,
+		idx("dead_idx"), t)
+
+	if ch := s.config.NotifyChannel; ch != "" {
+		fn := append(s.ident[:len(s.ident)-1:len(s.ident)-1], derivedName(s.ident, "notify")).Sanitize()
+		trg := pgx.Identifier{derivedName(s.ident, "notify_trg")}.Sanitize()
+		// The channel passed checkIdentifier, so it is safe inside a string literal.
+		fmt.Fprintf(&b, `
+-- LISTEN/NOTIFY wake-up: one notification per INSERT statement, not per row.
+CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $txoutbox$
+BEGIN
+    PERFORM pg_notify('%s', '');
+    RETURN NULL;
+END
+$txoutbox$;
+
+DROP TRIGGER IF EXISTS %s ON %s;
+CREATE TRIGGER %s AFTER INSERT ON %s
+    FOR EACH STATEMENT EXECUTE FUNCTION %s();
+`, fn, ch, trg, t, trg, t, fn)
+	}
+	return b.String()
+}
+
+// CreateSchema runs [Storage.SchemaSQL] in one transaction.
+func (s *Storage) CreateSchema(ctx context.Context) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("create outbox schema: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	// Simple protocol: the DDL is several statements in one string.
+	if _, err := tx.Exec(ctx, s.SchemaSQL(), pgx.QueryExecModeSimpleProtocol); err != nil {
+		return fmt.Errorf("create outbox schema for %s: %w", s.table, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("create outbox schema for %s: commit: %w", s.table, err)
+	}
+	return nil
+}
+
+// derivedName names an object after the table ("outbox_pending_idx"). Names
+// that would pass 63 bytes are shortened with a hash of the table name, because
+// the server would truncate them and two indexes could end up with one name.
+func derivedName(table pgx.Identifier, suffix string) string {
+	base := table[len(table)-1]
+	name := base + "_" + suffix
+	if len(name) <= maxIdentifierLen {
+		return name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(base))
+	tag := fmt.Sprintf("%08x", h.Sum32())
+	keep := maxIdentifierLen - len(suffix) - len(tag) - 2
+	return base[:keep] + "_" + tag + "_" + suffix
+}

@@ -1,0 +1,214 @@
+package sqlite
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// TableDefault is the outbox table name used when [Config.Table] is empty.
+const TableDefault = "outbox"
+
+// Config configures a [Storage]. The zero value is ready to use.
+type Config struct {
+	// Table is the outbox table: a plain identifier (letters, digits and
+	// underscores, not starting with a digit nor with "sqlite_"), at most 64
+	// characters. Defaults to TableDefault.
+	Table string
+
+	// DisableStrictOrdering turns strict per-key ordering off: a record is then
+	// claimable even while an earlier record with the same key waits for a
+	// retry or is leased by another worker. Strict ordering is on by default.
+	DisableStrictOrdering bool
+
+	// VisibilityDelay only claims records at least this old. With SQLite it is
+	// rarely needed: writers are serialised, so id order is commit order.
+	// Defaults to 0; must be >= 0.
+	VisibilityDelay time.Duration
+}
+
+func (c *Config) setDefaults() {
+	c.Table = cmp.Or(c.Table, TableDefault)
+}
+
+var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+
+// Validate reports the first invalid field. Table is checked after defaults are
+// applied, so an empty Table is valid.
+func (c Config) Validate() error {
+	c.setDefaults()
+	if !identifierRE.MatchString(c.Table) || strings.HasPrefix(strings.ToLower(c.Table), "sqlite_") {
+		return fmt.Errorf("Config.Table %q: %w (use letters, digits and underscores, at most 64, not starting with a digit or sqlite_)",
+			c.Table, storage.ErrInvalidIdentifier)
+	}
+	if c.VisibilityDelay < 0 {
+		return fmt.Errorf("Config.VisibilityDelay must be >= 0, got %s", c.VisibilityDelay)
+	}
+	return nil
+}
+
+// Storage is the SQLite outbox storage. It implements [storage.Storage],
+// [storage.Inserter], [storage.StatsReader] and [storage.Maintainer], and is
+// safe for concurrent use, including by forwarders in other processes that
+// share the database file.
+type Storage struct {
+	db              *sql.DB
+	table           string // unquoted; valid identifier
+	strict          bool
+	visibilityDelay time.Duration
+
+	// now is the clock of every timestamp the storage writes and compares.
+	// Tests replace it.
+	now func() time.Time
+
+	// writeSem serialises this Storage's own write transactions. SQLite takes
+	// one writer at a time anyway; waiting here wakes the next writer as soon
+	// as the lock is free, where waiting in SQLite's busy handler polls with
+	// sleeps of up to 100 ms.
+	writeSem chan struct{}
+
+	claimSQL string
+	ackSQL   string
+	nackSQL  string
+	relSQL   string
+	deadSQL  string
+}
+
+var (
+	_ storage.Storage     = (*Storage)(nil)
+	_ storage.Inserter    = (*Storage)(nil)
+	_ storage.StatsReader = (*Storage)(nil)
+	_ storage.Maintainer  = (*Storage)(nil)
+)
+
+// New returns a Storage over db, which should come from [Open] (or carry the
+// same settings, see [DSNParams]). It does not create the table: call
+// [Storage.CreateSchema] or run [Storage.SchemaSQL] in your migrations.
+func New(db *sql.DB, config Config) (*Storage, error) {
+	if db == nil {
+		return nil, errors.New("new sqlite storage: db is nil (open one with sqlite.Open)")
+	}
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("new sqlite storage: %w", err)
+	}
+	s := &Storage{
+		db:              db,
+		table:           config.Table,
+		strict:          !config.DisableStrictOrdering,
+		visibilityDelay: config.VisibilityDelay,
+		now:             time.Now,
+		writeSem:        make(chan struct{}, 1),
+	}
+	s.buildSQL()
+	return s, nil
+}
+
+// Table returns the outbox table name.
+func (s *Storage) Table() string { return s.table }
+
+// StrictOrdering reports whether strict per-key ordering is on.
+func (s *Storage) StrictOrdering() bool { return s.strict }
+
+// SchemaSQL returns the statements that create the outbox table and its
+// indexes, for your migration tool. They are idempotent (IF NOT EXISTS).
+//
+// Timestamps (created_at, due_at, leased_until, delivered_at) are INTEGER
+// Unix nanoseconds from the application clock: comparisons are exact integer
+// comparisons, and SQLite runs in the application's process, so its clock is
+// the host clock anyway. A due_at of 0 means due at once; leased_by and
+// leased_until are NULL when the record is not leased.
+func (s *Storage) SchemaSQL() string {
+	t := quote(s.table)
+	ix := func(suffix string) string { return quote(s.table + "_" + suffix) }
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    uuid         TEXT    NOT NULL,
+    topic        TEXT    NOT NULL,
+    "key"        TEXT    NOT NULL DEFAULT '',
+    payload      BLOB    NOT NULL,
+    metadata     TEXT,
+    created_at   INTEGER NOT NULL,
+    due_at       INTEGER NOT NULL DEFAULT 0,
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    leased_by    TEXT,
+    leased_until INTEGER,
+    status       TEXT    NOT NULL DEFAULT 'pending'
+                 CHECK (status IN ('pending', 'delivered', 'dead')),
+    last_error   TEXT,
+    delivered_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s ("key", id) WHERE status = 'pending' AND "key" <> '';
+CREATE INDEX IF NOT EXISTS %[4]s ON %[1]s (delivered_at) WHERE status = 'delivered';
+CREATE INDEX IF NOT EXISTS %[5]s ON %[1]s (topic, id) WHERE status = 'dead';
+`, t, ix("pending"), ix("pending_key"), ix("delivered"), ix("dead_topic"))
+}
+
+// CreateSchema runs [Storage.SchemaSQL] in one transaction.
+func (s *Storage) CreateSchema(ctx context.Context) error {
+	err := s.write(ctx, func(ctx context.Context) error {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		if _, err := tx.ExecContext(ctx, s.SchemaSQL()); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+	if err != nil {
+		return fmt.Errorf("create outbox schema %q: %w", s.table, err)
+	}
+	return nil
+}
+
+// write runs fn while holding this Storage's write semaphore.
+func (s *Storage) write(ctx context.Context, fn func(context.Context) error) error {
+	select {
+	case s.writeSem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.writeSem }()
+	return fn(ctx)
+}
+
+// quote quotes a validated identifier.
+func quote(ident string) string { return `"` + ident + `"` }
+
+var (
+	minNanosTime = time.Unix(0, math.MinInt64+1)
+	maxNanosTime = time.Unix(0, math.MaxInt64)
+)
+
+// nanos converts t to the stored form: Unix nanoseconds, 0 for the zero
+// time, clamped to the range an int64 holds.
+func nanos(t time.Time) int64 {
+	switch {
+	case t.IsZero():
+		return 0
+	case t.Before(minNanosTime):
+		return math.MinInt64 + 1
+	case t.After(maxNanosTime):
+		return math.MaxInt64
+	}
+	return t.UnixNano()
+}
+
+// fromNanos is the inverse of nanos: 0 is the zero time.
+func fromNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}

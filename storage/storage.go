@@ -1,0 +1,176 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Storage is the contract the forwarder relies on. See the package documentation
+// for the rules every implementation must follow, and storagetest for the suite
+// that checks them.
+type Storage interface {
+	// Claim leases up to params.BatchSize due, unleased, pending records to
+	// params.WorkerID until now+params.Lease, increments their attempts, and
+	// returns them in id order. It returns an empty slice, not an error, when
+	// nothing is claimable.
+	Claim(ctx context.Context, params ClaimParams) ([]Record, error)
+
+	// Ack marks the records delivered. Ids not leased by params.WorkerID are
+	// ignored.
+	Ack(ctx context.Context, params AckParams) error
+
+	// Nack records params.Error on the record, ends its lease and makes it due
+	// again at params.RetryAt. Ignored unless the record is leased by
+	// params.WorkerID.
+	Nack(ctx context.Context, params NackParams) error
+
+	// Release ends the lease of records that were claimed but never tried: their
+	// attempts go back down by one, no error is recorded, and they are due again at
+	// params.RetryAt. Ids not leased by params.WorkerID are ignored.
+	Release(ctx context.Context, params ReleaseParams) error
+
+	// DeadLetter parks the record for good with params.Error: it is never
+	// claimed again unless re-driven. Ignored unless the record is leased by
+	// params.WorkerID.
+	DeadLetter(ctx context.Context, params DeadLetterParams) error
+}
+
+// Record is one row of the outbox table.
+type Record struct {
+	// ID is the insertion order: records are claimed in ascending ID order.
+	ID int64
+	// UUID is the Watermill message UUID, stable across retries: the consumer's
+	// deduplication key.
+	UUID string
+	// Topic is the topic the message is re-published to.
+	Topic string
+	// Key is the ordering key; empty means the record is independent.
+	Key string
+	// Payload is the message payload, stored as bytes.
+	Payload []byte
+	// Metadata is the message metadata as the producer set it.
+	Metadata map[string]string
+	// Attempts counts claims, including the one that returned this record.
+	Attempts int
+	// CreatedAt is when the record was inserted.
+	CreatedAt time.Time
+	// DecodeError is set by an adapter when the stored row could not be decoded
+	// (for example metadata corrupted by hand). The forwarder dead-letters such a
+	// record with this reason instead of publishing it, so it never stalls its key.
+	DecodeError error
+}
+
+// ClaimParams are the parameters of [Storage.Claim].
+type ClaimParams struct {
+	// BatchSize is the maximum number of records to claim; always > 0.
+	BatchSize int
+	// Lease is how long the claimed records stay leased; always > 0.
+	Lease time.Duration
+	// WorkerID identifies the claimer; write-backs are fenced on it.
+	WorkerID string
+}
+
+// AckParams are the parameters of [Storage.Ack].
+type AckParams struct {
+	IDs      []int64
+	WorkerID string
+}
+
+// NackParams are the parameters of [Storage.Nack].
+type NackParams struct {
+	ID       int64
+	WorkerID string
+	// Error is the reason the publish failed, kept as the record's last error.
+	Error string
+	// RetryAt is when the record becomes due again (application clock).
+	RetryAt time.Time
+}
+
+// ReleaseParams are the parameters of [Storage.Release].
+type ReleaseParams struct {
+	IDs      []int64
+	WorkerID string
+	// RetryAt is when the records become due again (application clock).
+	RetryAt time.Time
+}
+
+// DeadLetterParams are the parameters of [Storage.DeadLetter].
+type DeadLetterParams struct {
+	ID       int64
+	WorkerID string
+	// Error is the reason the record was parked.
+	Error string
+}
+
+// Status is the state of a record in the table.
+type Status string
+
+// The states a record goes through: pending until delivered or dead.
+const (
+	StatusPending   Status = "pending"
+	StatusDelivered Status = "delivered"
+	StatusDead      Status = "dead"
+)
+
+// Stats is a snapshot of the outbox table, for dashboards and alerts.
+type Stats struct {
+	// Pending counts records not yet delivered nor dead, leased ones included.
+	Pending int64
+	// Leased counts pending records whose lease has not expired.
+	Leased int64
+	// Delivered counts delivered records not yet purged.
+	Delivered int64
+	// Dead counts dead-lettered records.
+	Dead int64
+	// OldestPendingAge is the age of the oldest pending record, 0 when none.
+	OldestPendingAge time.Duration
+}
+
+// StatsReader is implemented by storages that can report [Stats]; the metrics
+// middleware uses it.
+type StatsReader interface {
+	Stats(ctx context.Context) (Stats, error)
+}
+
+// Inserter is implemented by SQL storages: it writes records through the
+// caller's own transaction, which is what makes the outbox transactional. tx is
+// the adapter's transaction type (pgx.Tx or *sql.Tx for Postgres, *sql.Tx for
+// SQLite); any other type is an error wrapping [ErrUnsupportedTx]. Only UUID,
+// Topic, Key, Payload and Metadata of each record are used. All records are
+// written in one round trip when the adapter can.
+type Inserter interface {
+	Insert(ctx context.Context, tx any, records []Record) error
+}
+
+// Errors callers branch on.
+var (
+	// ErrUnsupportedTx is returned by Inserter.Insert for a transaction type the
+	// adapter cannot write through.
+	ErrUnsupportedTx = errors.New("unsupported transaction type")
+	// ErrInvalidIdentifier is returned by adapter constructors for a table,
+	// schema or channel name that is not a plain SQL identifier.
+	ErrInvalidIdentifier = errors.New("invalid SQL identifier")
+	// ErrInvalidRecord is returned by Insert for a record that cannot be stored
+	// (empty topic, invalid metadata, ...); nothing is written.
+	ErrInvalidRecord = errors.New("invalid outbox record")
+)
+
+// RedriveParams select dead-lettered records to put back to pending with
+// attempts reset. Exactly one of IDs or Topic must be set.
+type RedriveParams struct {
+	// IDs re-drives these dead-lettered records.
+	IDs []int64
+	// Topic re-drives every dead-lettered record of this topic.
+	Topic string
+}
+
+// Maintainer is implemented by SQL storages: housekeeping for operators.
+type Maintainer interface {
+	// Purge deletes delivered records older than olderThan, in bounded batches so
+	// it never holds a long lock, and returns how many it deleted.
+	Purge(ctx context.Context, olderThan time.Duration) (int64, error)
+	// Redrive puts dead-lettered records back to pending with attempts reset
+	// and no error, and returns how many it changed.
+	Redrive(ctx context.Context, params RedriveParams) (int64, error)
+}
