@@ -713,3 +713,5 @@ func (l *captureLogger) has(target error) bool {
 	}
 	return false
 }
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }

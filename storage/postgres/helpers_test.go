@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"os"
 	"sync"
@@ -31,6 +32,14 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if err := probeDatabase(); err != nil && os.Getenv("CI") != "true" {
+		// Tests skip on their own; examples cannot, so leave them out.
+		fmt.Fprintf(os.Stderr, "PostgreSQL not reachable (%v): tests skip and examples are not run; start it with: pg_ctlcluster --skip-systemctl-redirect 15 main start\n", err)
+		if err := flag.Set("test.run", "^Test"); err != nil {
+			panic(err)
+		}
+	}
 	code := m.Run()
 	if pool != nil {
 		pool.Close()
@@ -42,6 +51,16 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+func probeDatabase() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, testDatabaseURL())
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
 }
 
 // testPool returns the package's shared pool, skipping the test when no
@@ -215,4 +234,15 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// pgxpoolWithConfig opens a pool closed when the test ends; it connects lazily.
+func pgxpoolWithConfig(t testing.TB, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
+	t.Helper()
+	p, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(p.Close)
+	return p, nil
 }

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"time"
 
+	msqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
 	"github.com/txoutbox/txoutbox/storage"
 )
 
@@ -172,7 +175,16 @@ func (s *Storage) CreateSchema(ctx context.Context) error {
 	return nil
 }
 
-// write runs fn while holding this Storage's write semaphore.
+// write runs fn, a write that has no effect when it fails, while holding this
+// Storage's write semaphore, and runs it again while it fails because another
+// connection holds the write lock.
+//
+// The busy timeout alone is not enough: SQLite's lock is not fair. A waiter
+// sleeps in growing steps (up to 100 ms) between tries, and a connection that
+// just released the lock usually takes it again before a sleeper wakes, so
+// under load a waiter can starve past any timeout. Retrying until ctx is done
+// makes the wait as long as the caller allows, like a row lock wait in a
+// database server.
 func (s *Storage) write(ctx context.Context, fn func(context.Context) error) error {
 	select {
 	case s.writeSem <- struct{}{}:
@@ -180,7 +192,33 @@ func (s *Storage) write(ctx context.Context, fn func(context.Context) error) err
 		return ctx.Err()
 	}
 	defer func() { <-s.writeSem }()
-	return fn(ctx)
+	for attempt := 0; ; attempt++ {
+		err := fn(ctx)
+		if !isBusy(err) {
+			return err
+		}
+		// A pause only matters for a handle without a busy timeout, where
+		// SQLITE_BUSY comes back at once.
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(min(time.Millisecond<<min(attempt, 5), 20*time.Millisecond)):
+		}
+	}
+}
+
+// isBusy reports whether err is SQLITE_BUSY or SQLITE_LOCKED (any extended
+// code): another connection holds a lock the statement needed.
+func isBusy(err error) bool {
+	var e *msqlite.Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return true
+	}
+	return false
 }
 
 // quote quotes a validated identifier.

@@ -173,23 +173,23 @@ func testAttemptsCountedAtClaim(t *testing.T, e *env) {
 			t.Fatalf("Inspect reports attempts %d %s, want %d", st.Attempts, step, want)
 		}
 	}
-	claimOne := func(step string, want int) {
+	claimOne := func(step string, want int, rule string) {
 		t.Helper()
 		got := e.claim("worker-1", 10, longLease)
 		if len(got) != 1 || got[0].ID != id {
 			t.Fatalf("Claim returned records %v %s, want [%d]", ids(got), step, id)
 		}
 		if got[0].Attempts != want {
-			t.Fatalf("Claim returned attempts %d %s, want %d: attempts are incremented at claim time", got[0].Attempts, step, want)
+			t.Fatalf("Claim returned attempts %d %s, want %d: %s", got[0].Attempts, step, want, rule)
 		}
 		wantAttempts(step, want)
 	}
 	wantAttempts("before any claim", 0)
-	claimOne("on the first claim", 1)
+	claimOne("on the first claim", 1, "attempts are incremented at claim time")
 	e.nack("worker-1", id, "publish failed", time.Now())
 	wantAttempts("after a Nack (Nack does not count attempts: the claim did)", 1)
-	claimOne("on the claim after a Nack", 2)
+	claimOne("on the claim after a Nack", 2, "attempts are incremented at claim time, not by Nack")
 	e.release("worker-1", time.Now(), id)
 	wantAttempts("after a Release (Release gives the attempt back)", 1)
-	claimOne("on the claim after a Release", 2)
+	claimOne("on the claim after a Release", 2, "Release gives the attempt back (attempts-1), then the claim counts one")
 }

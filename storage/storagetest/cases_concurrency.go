@@ -142,6 +142,30 @@ func (e *env) drain(t *testing.T, n int, cfg drainConfig) drainResult {
 	for i := range cfg.workers {
 		wg.Go(func() { worker(fmt.Sprintf("worker-%d", i+1)) })
 	}
+	// Watch for a stall, so a stuck storage fails in seconds, not at the timeout.
+	stalled := false
+	wg.Go(func() {
+		last, lastChange := -1, time.Now()
+		for ctx.Err() == nil {
+			mu.Lock()
+			d := done
+			mu.Unlock()
+			switch {
+			case d == n:
+				return
+			case d != last:
+				last, lastChange = d, time.Now()
+			case time.Since(lastChange) > stallTimeout:
+				stalled = true
+				cancel()
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(pollInterval):
+			}
+		}
+	})
 	wg.Wait()
 	if t.Failed() {
 		t.FailNow()
@@ -149,10 +173,18 @@ func (e *env) drain(t *testing.T, n int, cfg drainConfig) drainResult {
 	if !finished() {
 		mu.Lock()
 		defer mu.Unlock()
-		t.Fatalf("%d workers published only %d of %d records within 30s: every pending record must eventually be claimable", cfg.workers, done, n)
+		why := "within 30s"
+		if stalled {
+			why = fmt.Sprintf("and then none for %v", stallTimeout)
+		}
+		t.Fatalf("%d workers published %d of %d records %s: the rest never became claimable (does an acked or dead-lettered record still hold back its key? does a nacked or released record never fall due?)",
+			cfg.workers, done, n, why)
 	}
 	return result
 }
+
+// stallTimeout is how long a drain may go without a single publish.
+const stallTimeout = 5 * time.Second
 
 // checkPublishedOnce fails the test unless each id was published exactly once.
 func checkPublishedOnce(t *testing.T, all []int64, published map[int64]int) {

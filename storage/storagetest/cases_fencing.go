@@ -22,7 +22,9 @@ var writeBacks = []writeBack{
 		e.nack(worker, id, "nack by a worker without the lease", time.Now().Add(-time.Second))
 	}},
 	{"Release", func(e *env, worker string, id int64) { e.release(worker, time.Now().Add(-time.Second), id) }},
-	{"DeadLetter", func(e *env, worker string, id int64) { e.deadLetter(worker, id, "dead-letter by a worker without the lease") }},
+	{"DeadLetter", func(e *env, worker string, id int64) {
+		e.deadLetter(worker, id, "dead-letter by a worker without the lease")
+	}},
 }
 
 func fencingCases() []testCase {
@@ -41,8 +43,8 @@ func fencingCases() []testCase {
 
 // checkUntouched fails the test unless record id is still pending, leased by
 // holder with the given attempts and no error, after intruder's write-back:
-// another worker finds nothing to claim, and once holder releases it, it is
-// claimable with attempts unchanged.
+// another worker finds nothing to claim, and once holder nacks it, due at
+// once, the next claim gets it with one attempt more.
 func checkUntouched(t *testing.T, e *env, wb writeBack, id int64, holder, intruder string, attempts int) {
 	t.Helper()
 	if st, ok := e.state(id); ok {
@@ -54,14 +56,14 @@ func checkUntouched(t *testing.T, e *env, wb writeBack, id int64, holder, intrud
 	if got := e.claim("worker-3", 10, longLease); len(got) != 0 {
 		t.Fatalf("Claim returned records %v after %s by %s while %s held the lease: %s", ids(got), wb.name, intruder, holder, fencingRule)
 	}
-	e.release(holder, time.Now(), id)
+	e.nack(holder, id, "publish failed", time.Now())
 	got := e.claim("worker-3", 10, longLease)
 	if !hasID(got, id) {
-		t.Fatalf("record %d was not claimable after %s released it, following %s by %s: the intruder's %s must have changed it; %s",
+		t.Fatalf("record %d was not claimable after %s nacked it due at once, following %s by %s: the intruder's %s must have changed it; %s",
 			id, holder, wb.name, intruder, wb.name, fencingRule)
 	}
-	if r, _ := find(got, id); r.Attempts != attempts {
-		t.Fatalf("Claim returned attempts %d for record %d, want %d: %s by %s changed its attempts; %s", r.Attempts, id, attempts, wb.name, intruder, fencingRule)
+	if r, _ := find(got, id); r.Attempts != attempts+1 {
+		t.Fatalf("Claim returned attempts %d for record %d, want %d: %s by %s changed its attempts; %s", r.Attempts, id, attempts+1, wb.name, intruder, fencingRule)
 	}
 }
 

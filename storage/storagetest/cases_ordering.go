@@ -19,6 +19,9 @@ func testKeylessNeverHeldBack(t *testing.T, e *env) {
 	e.claim("worker-1", 1, longLease)
 	e.nack("worker-1", all[0], "publish failed", time.Now().Add(time.Minute))
 	got := e.claim("worker-2", 10, longLease)
+	if hasID(got, all[0]) {
+		t.Fatalf("Claim returned record %d a minute before the RetryAt of its Nack: a record is not claimable before it is due", all[0])
+	}
 	if !slices.Equal(ids(got), all[1:]) {
 		t.Fatalf("Claim returned records %v while keyless record %d waited for its retry, want %v: records with an empty key are independent, never held back",
 			ids(got), all[0], all[1:])
@@ -30,6 +33,9 @@ func testOtherKeysNotHeldBack(t *testing.T, e *env) {
 	e.claim("worker-1", 1, longLease)
 	e.nack("worker-1", all[0], "publish failed", time.Now().Add(time.Minute))
 	got := e.claim("worker-2", 10, longLease)
+	if hasID(got, all[0]) {
+		t.Fatalf("Claim returned record %d a minute before the RetryAt of its Nack: a record is not claimable before it is due", all[0])
+	}
 	for _, id := range all[2:] {
 		if !hasID(got, id) {
 			t.Fatalf("Claim returned records %v, without record %d of key b or c, while record %d of key a waited for its retry: a key's failure must not hold back other keys",
