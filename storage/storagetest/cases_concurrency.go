@@ -77,7 +77,7 @@ func (e *env) drain(t *testing.T, n int, cfg drainConfig) drainResult {
 				return
 			}
 			if err := checkClaim(batch, cfg.batch); err != nil {
-				fail("%s returned to %s", err, worker)
+				fail("%v (claim by %s)", err, worker)
 				return
 			}
 			mu.Lock()

@@ -50,7 +50,7 @@ func testStatsCounts(t *testing.T, e *env) {
 	}
 	want := storage.Stats{Pending: 3, Leased: 1, Delivered: 1, Dead: 1, OldestPendingAge: st.OldestPendingAge}
 	if st != want {
-		t.Errorf("Stats returned %+v after 1 ack, 1 dead-letter, 1 claim and 2 untouched records, want %+v: Pending counts leased records too", st, want)
+		t.Errorf("Stats returned %+v after 1 ack, 1 dead-letter, 1 claim and 2 untouched records, want %+v: Pending counts records neither delivered nor dead (leased ones included), Leased those whose lease runs", st, want)
 	}
 	if age := time.Since(before) + time.Minute; st.OldestPendingAge < 0 || st.OldestPendingAge > age {
 		t.Errorf("Stats returned OldestPendingAge %v for records inserted %v ago", st.OldestPendingAge, time.Since(before))

@@ -264,6 +264,10 @@ func (e *env) claimNothingFor(d time.Duration, worker string, never []int64, why
 			if slices.Contains(never, r.ID) {
 				e.t.Fatalf("Claim returned record %d: %s", r.ID, why)
 			}
+			if hasID(claimed, r.ID) {
+				e.t.Fatalf("Claim returned record %d again within %v of a claim that leased it for %v: a leased record is not claimable until its lease expires",
+					r.ID, d, longLease)
+			}
 			claimed = append(claimed, r)
 		}
 		e.pause()
