@@ -209,17 +209,41 @@ func TestListenDefersWakeByVisibilityDelay(t *testing.T) {
 
 func TestDelayedWake(t *testing.T) {
 	t.Parallel()
-	var wakes atomic.Int64
-	d := &delayedWake{delay: 50 * time.Millisecond, wake: func() { wakes.Add(1) }}
+	const delay = 50 * time.Millisecond
+	var mu sync.Mutex
+	var wakes []time.Time
+	d := &delayedWake{delay: delay, wake: func() {
+		mu.Lock()
+		wakes = append(wakes, time.Now())
+		mu.Unlock()
+	}}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(wakes) }
+	first := time.Now()
 	d.notify()
 	time.Sleep(20 * time.Millisecond) // spacing the notifications is the point here
+	second := time.Now()
 	d.notify()
-	waitFor(t, 5*time.Second, "two wakes", func() bool { return wakes.Load() >= 2 })
+	// Every notification is owed a wake no earlier than delay after it; one
+	// late wake may cover both.
+	waitFor(t, 5*time.Second, "a wake covering the second notification", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(wakes) > 0 && !wakes[len(wakes)-1].Before(second.Add(delay))
+	})
+	mu.Lock()
+	if wakes[0].Before(first.Add(delay)) {
+		t.Errorf("first wake %v after the notification, want at least %v", wakes[0].Sub(first), delay)
+	}
+	if len(wakes) > 2 {
+		t.Errorf("%d wakes for 2 notifications", len(wakes))
+	}
+	mu.Unlock()
+	n := count()
 	d.notify()
 	d.stop()
-	time.Sleep(100 * time.Millisecond) // a stopped waker must stay silent
-	if n := wakes.Load(); n != 2 {
-		t.Fatalf("%d wakes, want 2 (none after stop)", n)
+	time.Sleep(2 * delay) // a stopped waker must stay silent
+	if count() != n {
+		t.Fatalf("wakes after stop")
 	}
 	d.notify() // after stop: ignored, no panic
 }

@@ -9,17 +9,18 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
-// BenchmarkClaimAck drains b.N pre-inserted records (1,000 keys, 256-byte
-// payloads) with one worker: claim a batch, ack it. It reports msgs/s.
+// BenchmarkClaimAck drains b.N pre-inserted records (1,000 or 10 keys,
+// 256-byte payloads) with one worker: claim a batch, ack it. It reports msgs/s.
 func BenchmarkClaimAck(b *testing.B) {
 	for _, strict := range []bool{true, false} {
-		for _, batch := range []int{100, 1000} {
-			b.Run(fmt.Sprintf("strict=%v/batch=%d", strict, batch), func(b *testing.B) {
+		for _, bk := range [][2]int{{100, 1000}, {1000, 1000}, {1000, 10}} {
+			batch, keys := bk[0], bk[1]
+			b.Run(fmt.Sprintf("strict=%v/batch=%d/keys=%d", strict, batch, keys), func(b *testing.B) {
 				s := newTestStorage(b, Config{DisableStrictOrdering: !strict})
 				payload := make([]byte, 256)
 				records := make([]storage.Record, b.N)
 				for i := range records {
-					records[i] = storage.Record{UUID: fmt.Sprint(i), Topic: "t", Key: fmt.Sprintf("k%d", i%1000), Payload: payload,
+					records[i] = storage.Record{UUID: fmt.Sprint(i), Topic: "t", Key: fmt.Sprintf("k%d", i%keys), Payload: payload,
 						Metadata: map[string]string{"a": "b"}}
 				}
 				insert(b, s, records...)

@@ -17,17 +17,19 @@ import (
 func (s *Storage) buildSQL() {
 	t := quote(s.table)
 	// A record is held back while an earlier pending record with the same key
-	// is not claimable now: not yet due, or leased and the lease not expired.
-	// An earlier claimable record is claimed before it (id order), so the held
-	// back state clears as the key's head is acked. e."key" <> '' lets SQLite
-	// use the partial (key, id) index.
+	// is not claimable now: not yet due, or leased and the lease not expired,
+	// that is max(due_at, leased_until) > now. An earlier claimable record is
+	// claimed before it (id order). The probe is a range scan of the partial
+	// index on (key, max(due_at, leased_until)), so it reads only the records
+	// that block, never the claimable ones queued before o; the filter must
+	// repeat the index's WHERE and expression for SQLite to use it.
 	strict := ""
 	if s.strict {
 		strict = fmt.Sprintf(`
       AND (o."key" = '' OR NOT EXISTS (
         SELECT 1 FROM %[1]s AS e
-        WHERE e.status = 'pending' AND e."key" <> '' AND e."key" = o."key" AND e.id < o.id
-          AND (e.due_at > ?3 OR e.leased_until > ?3)))`, t)
+        WHERE e.status = 'pending' AND e."key" <> '' AND e."key" = o."key"
+          AND max(e.due_at, ifnull(e.leased_until, 0)) > ?3 AND e.id < o.id))`, t)
 	}
 	// One statement: SQLite takes the write lock when the statement starts
 	// (before it reads), so no other claimer can claim the same rows, and the

@@ -48,5 +48,10 @@
 //
 // On by default: a record is held back while an earlier pending record with
 // the same non-empty key is leased or waiting for a retry. The check is one
-// NOT EXISTS over a partial (key, id) index of pending records.
+// NOT EXISTS over a partial index of pending keyed records on (key, the later
+// of due_at and leased_until), so it visits only the few records of the key
+// that block right now, however many are queued behind them: a hot key does
+// not make claims slower. A claim still steps over the held-back records
+// ahead of the claimable ones, so a deep backlog behind keys that another
+// worker holds costs the next claim a scan of that backlog.
 package sqlite

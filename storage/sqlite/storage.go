@@ -129,6 +129,11 @@ func (s *Storage) StrictOrdering() bool { return s.strict }
 // comparisons, and SQLite runs in the application's process, so its clock is
 // the host clock anyway. A due_at of 0 means due at once; leased_by and
 // leased_until are NULL when the record is not leased.
+//
+// The partial indexes serve, in order: claims (pending records by id), the
+// strict-ordering check (pending keyed records by key and the time until
+// which they block their key), Purge (delivered records by delivery time)
+// and Redrive by topic (dead records by topic).
 func (s *Storage) SchemaSQL() string {
 	t := quote(s.table)
 	ix := func(suffix string) string { return quote(s.table + "_" + suffix) }
@@ -150,7 +155,8 @@ func (s *Storage) SchemaSQL() string {
     delivered_at INTEGER
 );
 CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s ("key", id) WHERE status = 'pending' AND "key" <> '';
+CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s ("key", max(due_at, ifnull(leased_until, 0)))
+    WHERE status = 'pending' AND "key" <> '';
 CREATE INDEX IF NOT EXISTS %[4]s ON %[1]s (delivered_at) WHERE status = 'delivered';
 CREATE INDEX IF NOT EXISTS %[5]s ON %[1]s (topic, id) WHERE status = 'dead';
 `, t, ix("pending"), ix("pending_key"), ix("delivered"), ix("dead_topic"))

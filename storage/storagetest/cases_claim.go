@@ -59,7 +59,9 @@ func testClaimBatchSize(t *testing.T, e *env) {
 
 func testClaimLeasedNotClaimedAgain(t *testing.T, e *env) {
 	e.insert(keyless(3)...)
+	before := time.Now()
 	first := e.claim("worker-1", 10, longLease)
+	after := time.Now()
 	if len(first) != 3 {
 		t.Fatalf("Claim returned %d records, want 3", len(first))
 	}
@@ -70,6 +72,10 @@ func testClaimLeasedNotClaimedAgain(t *testing.T, e *env) {
 		if st, ok := e.state(r.ID); ok {
 			if st.LeasedBy != "worker-1" || st.Status != storage.StatusPending {
 				t.Errorf("Inspect reports record %d %s leased by %q after worker-1 claimed it, want pending leased by worker-1", r.ID, st.Status, st.LeasedBy)
+			}
+			if st.LeasedUntil.Before(before.Add(longLease-time.Second)) || st.LeasedUntil.After(after.Add(longLease+time.Second)) {
+				t.Errorf("Inspect reports record %d leased until %v after a claim for %v between %v and %v: the lease ends at claim time + lease",
+					r.ID, st.LeasedUntil, longLease, before, after)
 			}
 		}
 	}

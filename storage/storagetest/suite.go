@@ -52,7 +52,7 @@ func Run(t *testing.T, h Harness) {
 	if h.New == nil || h.Insert == nil {
 		t.Fatal("storagetest: Harness.New and Harness.Insert are required")
 	}
-	if h.ShortLease == 0 {
+	if h.ShortLease <= 0 {
 		h.ShortLease = ShortLeaseDefault
 	}
 	for _, g := range groups() {

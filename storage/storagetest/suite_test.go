@@ -9,10 +9,16 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/txoutbox/txoutbox/storage"
 	"github.com/txoutbox/txoutbox/storage/memory"
 	"github.com/txoutbox/txoutbox/storage/storagetest"
 )
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
 
 // mutantEnv names the broken storage TestMutant runs the suite against.
 const mutantEnv = "STORAGETEST_MUTANT"
