@@ -60,6 +60,9 @@ type Delivery struct {
 	Topic string
 	// WorkerID is the forwarder's worker id.
 	WorkerID string
+	// MaxAttempts is the forwarder's MaxAttempts: a failure of this publish
+	// dead-letters the record when Record.Attempts >= MaxAttempts.
+	MaxAttempts int
 }
 
 type deliveryKey struct{}
@@ -408,7 +411,7 @@ func (r *round) publishOne(rec *storage.Record) error {
 		msg.Metadata[MetadataKey] = rec.Key
 	}
 
-	ctx := context.WithValue(r.publishCtx, deliveryKey{}, &Delivery{Record: *rec, Topic: rec.Topic, WorkerID: f.config.WorkerID})
+	ctx := context.WithValue(r.publishCtx, deliveryKey{}, &Delivery{Record: *rec, Topic: rec.Topic, WorkerID: f.config.WorkerID, MaxAttempts: f.config.MaxAttempts})
 	if f.config.PublishTimeout <= 0 {
 		msg.SetContext(ctx)
 		return f.callHandler(msg)

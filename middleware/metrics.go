@@ -90,7 +90,9 @@ func (c MetricsConfig) Validate() error {
 // try there counts as dead-lettered. Records the forwarder dead-letters
 // without publishing (undecodable, or claimed more than MaxAttempts times by
 // crashed workers) never reach a middleware: watch txoutbox_outbox_dead from
-// the StatsCollector for those.
+// the StatsCollector for those. When a target ignores the context and outruns
+// the forwarder's PublishTimeout, the forwarder retries the record at once,
+// while Middleware counts whatever the publish returns when it ends.
 type Metrics struct {
 	maxAttempts  int
 	published    *prometheus.CounterVec

@@ -80,7 +80,9 @@ func TracePublisherDecorator(propagator propagation.TextMapPropagator) func(msg 
 // and its own context replaces that one in the metadata, so the consumer
 // continues the relay's trace. While the rest of the chain runs, the message
 // context (the forwarder's, with its Delivery) also holds the span. A failed
-// publish records the error on the span. A nil tracer means the global
+// publish records the error on the span and puts the message's context and
+// trace metadata back, so that a Watermill Retry placed before this middleware
+// starts its next span linked to the producer again. A nil tracer means the global
 // provider's tracer for ScopeName; a nil propagator means W3C Trace Context.
 func Tracing(tracer trace.Tracer, propagator propagation.TextMapPropagator) message.HandlerMiddleware {
 	if tracer == nil {
@@ -106,14 +108,16 @@ func Tracing(tracer trace.Tracer, propagator propagation.TextMapPropagator) mess
 			if msg.Metadata == nil {
 				msg.Metadata = make(message.Metadata)
 			}
-			// A retry around this middleware must see the producer's context
-			// again, not this span's: put both back once the chain returned.
-			defer restore(msg, parent, propagator.Fields())()
+			undo := restore(msg, parent, propagator.Fields())
 			propagator.Inject(ctx, MetadataCarrier(msg.Metadata))
 			msg.SetContext(ctx)
 
 			out, err := h(msg)
 			if err != nil {
+				// A retry around this middleware must see the producer's
+				// context again, not this span's. Only after a failure: a
+				// target that succeeded may still hold the message.
+				undo()
 				span.RecordError(err)
 				span.SetStatus(codes.Error, err.Error())
 				span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))

@@ -41,8 +41,26 @@ import (
 
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/faulttest"
+	"github.com/txoutbox/txoutbox/storage"
 	"github.com/txoutbox/txoutbox/storage/postgres"
 )
+
+// claimLogger logs the ids of every claim, for debugging ordering.
+type claimLogger struct {
+	storage.Storage
+	out io.Writer
+}
+
+func (c claimLogger) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
+	start := time.Now()
+	recs, err := c.Storage.Claim(ctx, p)
+	ids := make([]string, len(recs))
+	for i, r := range recs {
+		ids[i] = fmt.Sprintf("%d/%s", r.ID, r.Key)
+	}
+	fmt.Fprintf(c.out, "claim start=%s end=%s err=%v ids=%s\n", start.Format("15:04:05.000000"), time.Now().Format("15:04:05.000000"), err, strings.Join(ids, ","))
+	return recs, err
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
@@ -162,7 +180,11 @@ func runForwarder(args []string, stderr io.Writer) int {
 	}
 	target := newHTTPPublisher(c.target, c.worker, out)
 	defer target.Close()
-	fwd, err := txoutbox.NewForwarder(store, target, txoutbox.ForwarderConfig{
+	var relay storage.Storage = store
+	if c.debug {
+		relay = claimLogger{Storage: store, out: out}
+	}
+	fwd, err := txoutbox.NewForwarder(relay, target, txoutbox.ForwarderConfig{
 		WorkerID:           c.worker,
 		BatchSize:          c.batch,
 		Concurrency:        c.concurrency,

@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/components/cqrs"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/txoutbox/txoutbox"
 )
@@ -56,7 +55,9 @@ func TestCQRSEventBus(t *testing.T) {
 
 	// The consumer side: a gochannel pub/sub (the forwarder's target) and a
 	// cqrs EventProcessor on a Router.
-	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	// BlockPublishUntilSubscriberAck keeps order: without it gochannel hands
+	// each message to its subscribers from a new goroutine.
+	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true, BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	t.Cleanup(func() { broker.Close() })
 	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	if err != nil {
@@ -165,5 +166,3 @@ func TestCQRSEventBus(t *testing.T) {
 		}
 	})
 }
-
-var _ pgx.Tx // the transaction placeOrder opens is a pgx.Tx

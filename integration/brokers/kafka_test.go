@@ -230,4 +230,3 @@ func uuids(evs []event) []string {
 	}
 	return out
 }
-

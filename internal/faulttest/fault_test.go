@@ -757,6 +757,14 @@ func (s *suite) check() {
 				t.Errorf("key %s: record %d first delivered (by %s at %s, attempt %d) after record %d (by %s at %s, attempt %d)",
 					d.Key, d.OutboxID, d.Worker, d.At.Format("15:04:05.000"), d.Attempt,
 					prev.OutboxID, prev.Worker, prev.At.Format("15:04:05.000"), prev.Attempt)
+				// With TXOUTBOX_FAULT_DEBUG=1 the workers log their claims.
+				for _, w := range s.all {
+					for _, line := range w.logLines("/" + d.Key) {
+						if strings.Contains(line, fmt.Sprintf("%d/", d.OutboxID)) || strings.Contains(line, fmt.Sprintf("%d/", prev.OutboxID)) {
+							t.Logf("%s: %s", w.id, line)
+						}
+					}
+				}
 			}
 		}
 		if d.OutboxID > last[d.Key].OutboxID {

@@ -253,6 +253,9 @@ func startWorker(t *testing.T, a workerArgs, id string) *worker {
 		t.Fatal(err)
 	}
 	args := append([]string{"forwarder", "-table", a.table, "-worker", id, "-target", a.target}, a.extra...)
+	if os.Getenv("TXOUTBOX_FAULT_DEBUG") == "1" {
+		args = append(args, "-debug")
+	}
 	if a.channel != "" {
 		args = append(args, "-channel", a.channel)
 	}
