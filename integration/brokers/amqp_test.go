@@ -15,6 +15,7 @@ import (
 )
 
 func amqpURL(t *testing.T) string {
+	t.Helper()
 	return need(t, "AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "rabbitmq-server -detached")
 }
 

@@ -79,7 +79,7 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 		return nil, fmt.Errorf("claim outbox rows: need BatchSize > 0, Lease > 0 and a WorkerID (got %d, %s, %q)", p.BatchSize, p.Lease, p.WorkerID)
 	}
 	args := []any{p.BatchSize, p.WorkerID, p.Lease.Microseconds()}
-	if true {
+	if s.config.DisableStrictOrdering {
 		rows, err := s.pool.Query(ctx, s.q.claim, args...)
 		if err != nil {
 			return nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)

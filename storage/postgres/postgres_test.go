@@ -328,28 +328,35 @@ func TestStrictOrderingUnderConcurrentClaims(t *testing.T) {
 	holder := map[string]string{}
 	last := map[string]int64{}
 	done := 0
+	failed := false
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
+	fail := func(err error) {
+		mu.Lock()
+		failed = true
+		mu.Unlock()
+		errs <- err
+	}
 	for w := range workers {
 		wg.Go(func() {
 			worker := fmt.Sprintf("w%d", w)
 			for {
 				mu.Lock()
-				finished := done == n
+				finished := done == n || failed
 				mu.Unlock()
 				if finished {
 					return
 				}
 				got, err := s.Claim(t.Context(), storage.ClaimParams{BatchSize: 7, Lease: time.Minute, WorkerID: worker})
 				if err != nil {
-					errs <- err
+					fail(err)
 					return
 				}
 				mu.Lock()
 				for _, r := range got {
 					if h, ok := holder[r.Key]; ok && h != worker {
 						mu.Unlock()
-						errs <- fmt.Errorf("key %s leased to %s and %s at once", r.Key, h, worker)
+						fail(fmt.Errorf("key %s leased to %s and %s at once", r.Key, h, worker))
 						return
 					}
 				}
@@ -361,23 +368,26 @@ func TestStrictOrderingUnderConcurrentClaims(t *testing.T) {
 					mu.Lock()
 					if r.ID <= last[r.Key] {
 						mu.Unlock()
-						errs <- fmt.Errorf("key %s: record %d after %d", r.Key, r.ID, last[r.Key])
+						fail(fmt.Errorf("key %s: record %d after %d", r.Key, r.ID, last[r.Key]))
 						return
 					}
 					last[r.Key] = r.ID
 					mu.Unlock()
 				}
-				// Release the keys before the ack commits would be wrong: ack first.
-				if err := s.Ack(t.Context(), storage.AckParams{IDs: idsOf(got), WorkerID: worker}); err != nil {
-					errs <- err
-					return
-				}
+				// Give the keys up just before acking: another worker may take
+				// them once the ack commits, and not a moment before.
 				mu.Lock()
 				for _, r := range got {
 					if holder[r.Key] == worker {
 						delete(holder, r.Key)
 					}
 				}
+				mu.Unlock()
+				if err := s.Ack(t.Context(), storage.AckParams{IDs: idsOf(got), WorkerID: worker}); err != nil {
+					fail(err)
+					return
+				}
+				mu.Lock()
 				done += len(got)
 				mu.Unlock()
 			}
