@@ -300,6 +300,9 @@ type round struct {
 	stop       context.Context // cancelled: start no new publish
 	publishCtx context.Context // cancelled: abandon in-flight publishes
 
+	groups [][]storage.Record
+	next   atomic.Int64 // index of the next group to publish
+
 	mu     sync.Mutex
 	acked  []int64
 	result RoundResult
@@ -309,65 +312,141 @@ type round struct {
 // Concurrency, one after another inside a group, keyless records alone.
 func (r *round) run(records []storage.Record) {
 	groups := groupByKey(records)
-	workers := min(r.f.config.Concurrency, len(groups))
-	if workers == 1 {
-		for _, g := range groups {
-			r.publishGroup(g)
-		}
+	r.groups = groups
+	lanes := min(r.f.config.Concurrency, len(groups))
+	if lanes == 1 && r.f.config.PublishTimeout <= 0 {
+		r.newLane(nil).work()
 		return
 	}
-	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(groups) {
-					return
-				}
-				r.publishGroup(groups[i])
-			}
-		})
+	for range lanes {
+		wg.Go(func() { r.supervise() })
 	}
 	wg.Wait()
 }
 
-// groupByKey splits records (in id order) into groups: one per non-empty key,
-// in id order inside each, and one per keyless record. Groups come in the order
-// of their first record.
-func groupByKey(records []storage.Record) [][]storage.Record {
-	groups := make([][]storage.Record, 0, len(records))
-	index := make(map[string]int)
-	for i := range records {
-		key := records[i].Key
-		if key == "" {
-			groups = append(groups, records[i:i+1:i+1])
-			continue
-		}
-		if g, ok := index[key]; ok {
-			groups[g] = append(groups[g], records[i])
-			continue
-		}
-		index[key] = len(groups)
-		groups = append(groups, []storage.Record{records[i]})
-	}
-	return groups
+// A lane publishes key groups one after another, pulling them from the round.
+// Without a publish timeout the lane runs on the supervising goroutine. With
+// one, it runs on its own goroutine and the supervisor watches the publish in
+// flight: one that outruns PublishTimeout (the target may ignore the context:
+// Sarama's sync producer and JetStream do) is abandoned with its lane, its
+// outcome recorded as a timeout, and a fresh lane goes on with the rest. The
+// watch costs a mutex per publish and no goroutine or channel per message.
+type lane struct {
+	r *round
+
+	mu        sync.Mutex
+	busy      bool      // a publish is in flight
+	started   time.Time // when it started
+	group     []storage.Record
+	pos       int  // index in group of the publish in flight
+	abandoned bool // the supervisor gave up on this lane
+	acked     []int64
+
+	done chan struct{} // closed when work returns
+	// first is a group remainder to publish before pulling new groups.
+	first []storage.Record
 }
 
-func (r *round) publishGroup(group []storage.Record) {
-	f := r.f
-	var acked []int64
-	defer func() {
+func (r *round) newLane(first []storage.Record) *lane {
+	return &lane{r: r, done: make(chan struct{}), first: first}
+}
+
+// work publishes groups until none is left or the lane is abandoned.
+func (l *lane) work() {
+	defer close(l.done)
+	if len(l.first) > 0 && !l.publishGroup(l.first) {
+		return
+	}
+	for {
+		i := int(l.r.next.Add(1)) - 1
+		if i >= len(l.r.groups) {
+			return
+		}
+		if !l.publishGroup(l.r.groups[i]) {
+			return
+		}
+	}
+}
+
+// supervise runs lanes until the groups are done, replacing abandoned ones.
+func (r *round) supervise() {
+	timeout := r.f.config.PublishTimeout
+	l := r.newLane(nil)
+	defer func() { r.mergeAcked(l) }()
+	if timeout <= 0 {
+		l.work()
+		return
+	}
+	go l.work()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-timer.C:
+		case <-r.publishCtx.Done():
+		}
+		l.mu.Lock()
+		overdue := l.busy && time.Since(l.started) >= timeout
+		hard := r.publishCtx.Err() != nil
+		if !(overdue || hard && l.busy) {
+			wait := timeout
+			if l.busy {
+				wait = timeout - time.Since(l.started)
+			}
+			l.mu.Unlock()
+			if hard {
+				// Nothing in flight: the lane is releasing what is left.
+				<-l.done
+				return
+			}
+			timer.Reset(wait)
+			continue
+		}
+		l.abandoned = true
+		group, pos := l.group, l.pos
+		l.mu.Unlock()
+		r.mergeAcked(l)
+		r.f.aside.Add(1)
+		go func(old *lane) { <-old.done; r.f.aside.Done() }(l)
+
+		err := fmt.Errorf("%w after %s", ErrPublishTimeout, timeout)
+		if hard {
+			err = ErrPublishAbandoned
+		}
+		var rest []storage.Record
+		if r.fail(group, pos, err) {
+			rest = group[pos+1:]
+		}
+		l = r.newLane(rest)
+		go l.work()
+		timer.Reset(timeout)
+	}
+}
+
+func (r *round) mergeAcked(l *lane) {
+	l.mu.Lock()
+	acked := l.acked
+	l.acked = nil
+	l.mu.Unlock()
+	if len(acked) > 0 {
 		r.mu.Lock()
 		r.acked = append(r.acked, acked...)
 		r.mu.Unlock()
-	}()
+	}
+}
 
+// publishGroup publishes the records of one key in order. It returns false if
+// the lane was abandoned meanwhile.
+func (l *lane) publishGroup(group []storage.Record) bool {
+	r, f := l.r, l.r.f
 	for i := range group {
 		rec := &group[i]
 		if r.stop.Err() != nil {
 			r.release(group[i:], time.Now(), "stopping")
-			return
+			return true
 		}
 		if rec.DecodeError != nil {
 			r.deadLetter(rec, fmt.Sprintf("undecodable record: %v", rec.DecodeError))
@@ -379,28 +458,56 @@ func (r *round) publishGroup(group []storage.Record) {
 			r.deadLetter(rec, fmt.Sprintf("claimed %d times without a recorded outcome (MaxAttempts %d)", rec.Attempts, f.config.MaxAttempts))
 			continue
 		}
-		err := r.publishOne(rec)
-		if err == nil {
-			acked = append(acked, rec.ID)
-			continue
+		l.mu.Lock()
+		if l.abandoned {
+			l.mu.Unlock()
+			return false
 		}
-		if rec.Attempts >= f.config.MaxAttempts {
-			r.deadLetter(rec, fmt.Sprintf("attempt %d of %d failed: %v", rec.Attempts, f.config.MaxAttempts, err))
-			continue
+		l.busy, l.started, l.group, l.pos = true, time.Now(), group, i
+		l.mu.Unlock()
+
+		err := f.publishOne(r.publishCtx, rec)
+
+		l.mu.Lock()
+		abandoned := l.abandoned
+		l.busy = false
+		if err == nil && !abandoned {
+			l.acked = append(l.acked, rec.ID)
 		}
-		retryAt := time.Now().Add(f.config.Backoff.Delay(rec.Attempts))
-		r.nack(rec, err, retryAt)
-		// The rest of this key waits behind the failure, untried.
-		r.release(group[i+1:], retryAt, "behind a failed record of the same key")
-		return
+		l.mu.Unlock()
+		if abandoned {
+			return false // the supervisor recorded this record's outcome
+		}
+		if err != nil && !r.fail(group, i, err) {
+			return true
+		}
 	}
+	return true
 }
 
-// publishOne runs one record through the middleware chain to the target,
-// bounded by PublishTimeout and by the shutdown bound.
-func (r *round) publishOne(rec *storage.Record) error {
+// fail records the failed publish of group[i]: dead-letter when out of
+// attempts (and report true: the rest of the group may go on), else nack with
+// backoff and release the rest of the group untried with the same retry time.
+func (r *round) fail(group []storage.Record, i int, err error) bool {
 	f := r.f
+	rec := &group[i]
+	if rec.Attempts >= f.config.MaxAttempts {
+		r.deadLetter(rec, fmt.Sprintf("attempt %d of %d failed: %v", rec.Attempts, f.config.MaxAttempts, err))
+		return true
+	}
+	retryAt := time.Now().Add(f.config.Backoff.Delay(rec.Attempts))
+	r.nack(rec, err, retryAt)
+	// The rest of this key waits behind the failure, untried.
+	r.release(group[i+1:], retryAt, "behind a failed record of the same key")
+	return false
+}
+
+// publishOne runs one record through the middleware chain to the target. The
+// message's context carries the publish deadline for targets and middleware
+// that honour it.
+func (f *Forwarder) publishOne(parent context.Context, rec *storage.Record) error {
 	msg := message.NewMessage(rec.UUID, rec.Payload)
+	msg.Metadata = make(message.Metadata, len(rec.Metadata)+4)
 	for k, v := range rec.Metadata {
 		msg.Metadata[k] = v
 	}
@@ -410,34 +517,85 @@ func (r *round) publishOne(rec *storage.Record) error {
 	if rec.Key != "" {
 		msg.Metadata[MetadataKey] = rec.Key
 	}
-
-	ctx := context.WithValue(r.publishCtx, deliveryKey{}, &Delivery{Record: *rec, Topic: rec.Topic, WorkerID: f.config.WorkerID, MaxAttempts: f.config.MaxAttempts})
-	if f.config.PublishTimeout <= 0 {
-		msg.SetContext(ctx)
-		return f.callHandler(msg)
+	ctx := &deliveryContext{Context: parent, d: Delivery{Record: *rec, Topic: rec.Topic, WorkerID: f.config.WorkerID, MaxAttempts: f.config.MaxAttempts}}
+	if f.config.PublishTimeout > 0 {
+		ctx.deadline = time.Now().Add(f.config.PublishTimeout)
+		defer ctx.release()
 	}
-	ctx, cancel := context.WithTimeout(ctx, f.config.PublishTimeout)
-	defer cancel()
 	msg.SetContext(ctx)
+	return f.callHandler(msg)
+}
 
-	// The target may ignore the context (Sarama's sync producer and JetStream
-	// do): run it aside and stop waiting at the deadline.
-	done := make(chan error, 1)
-	f.aside.Add(1)
-	go func() {
-		defer f.aside.Done()
-		done <- f.callHandler(msg)
-	}()
-	select {
-	case err := <-done:
+// deliveryContext is the context of a message in the publish chain: it
+// carries the Delivery and the publish deadline in one allocation. The timer
+// behind the deadline is only made when someone waits on Done (a target or
+// middleware that honours the context); the lane enforces the deadline either
+// way.
+type deliveryContext struct {
+	context.Context // the round's publish context
+	d               Delivery
+	deadline        time.Time // zero: no publish timeout
+
+	once     sync.Once
+	timed    context.Context
+	cancel   context.CancelFunc
+	released atomic.Bool
+}
+
+func (c *deliveryContext) Value(key any) any {
+	if key == (deliveryKey{}) {
+		return &c.d
+	}
+	return c.Context.Value(key)
+}
+
+func (c *deliveryContext) Deadline() (time.Time, bool) {
+	if c.deadline.IsZero() {
+		return c.Context.Deadline()
+	}
+	return c.deadline, true
+}
+
+func (c *deliveryContext) Done() <-chan struct{} {
+	if c.deadline.IsZero() {
+		return c.Context.Done()
+	}
+	c.once.Do(func() { c.timed, c.cancel = context.WithDeadline(c.Context, c.deadline) })
+	return c.timed.Done()
+}
+
+func (c *deliveryContext) Err() error {
+	if c.deadline.IsZero() {
+		return c.Context.Err()
+	}
+	if c.released.Load() {
+		return context.Canceled
+	}
+	if err := c.Context.Err(); err != nil {
 		return err
-	case <-ctx.Done():
-		if r.publishCtx.Err() != nil {
-			return ErrPublishAbandoned
-		}
-		return fmt.Errorf("%w after %s", ErrPublishTimeout, f.config.PublishTimeout)
+	}
+	if !time.Now().Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// release ends the context when its publish returned, like the cancel of a
+// context.WithTimeout: a target that kept it sees it done.
+func (c *deliveryContext) release() {
+	c.released.Store(true)
+	c.once.Do(func() { c.timed = doneContext })
+	if c.cancel != nil {
+		c.cancel()
 	}
 }
+
+// doneContext is an already cancelled context.
+var doneContext = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // callHandler runs the chain and turns a panic in it into an error, so one bad
 // message or middleware cannot kill the relay.
@@ -514,4 +672,26 @@ func (r *round) count(update func(*RoundResult)) {
 	r.mu.Lock()
 	update(&r.result)
 	r.mu.Unlock()
+}
+
+// groupByKey splits records (in id order) into groups: one per non-empty key,
+// in id order inside each, and one per keyless record. Groups come in the order
+// of their first record.
+func groupByKey(records []storage.Record) [][]storage.Record {
+	groups := make([][]storage.Record, 0, len(records))
+	index := make(map[string]int)
+	for i := range records {
+		key := records[i].Key
+		if key == "" {
+			groups = append(groups, records[i:i+1:i+1])
+			continue
+		}
+		if g, ok := index[key]; ok {
+			groups[g] = append(groups[g], records[i])
+			continue
+		}
+		index[key] = len(groups)
+		groups = append(groups, []storage.Record{records[i]})
+	}
+	return groups
 }

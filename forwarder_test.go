@@ -17,6 +17,7 @@ import (
 
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/storage"
+	"github.com/txoutbox/txoutbox/storage/memory"
 )
 
 // delivery is one publish the recording target saw.
@@ -715,3 +716,153 @@ func (l *captureLogger) has(target error) bool {
 }
 
 func errorsIs(err, target error) bool { return errors.Is(err, target) }
+
+func TestForwarderTimeoutAbandonsLaneAndGoesOn(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			s := b.new(t)
+			ids := b.insert(t, s,
+				record("t", "stuck", "hang"), record("t", "stuck", "behind"),
+				record("t", "other", "a"), record("t", "", "b"))
+			hang := make(chan struct{})
+			defer close(hang)
+			target := newRecorder()
+			target.setFail(func(d delivery) error {
+				if d.ID == ids[0] && d.Attempt == 1 {
+					<-hang // ignores the context, like Sarama's sync producer
+				}
+				return nil
+			})
+			cfg := fastConfig()
+			cfg.Concurrency = 1 // the replacement lane must take over the other groups
+			cfg.PublishTimeout = 100 * time.Millisecond
+			res, err := newForwarder(t, s, target, cfg).RunOnce(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Nacked != 1 || res.Released != 1 || res.Published != 2 {
+				t.Fatalf("round %+v: want the hung record nacked, the one behind it released, the 2 others published", res)
+			}
+			if b.inspect != nil {
+				st := b.inspect(t, s, ids[0])
+				if !strings.Contains(st.LastError, txoutbox.ErrPublishTimeout.Error()) {
+					t.Errorf("hung record's last error %q, want a publish timeout", st.LastError)
+				}
+				if st := b.inspect(t, s, ids[1]); st.Attempts != 0 || st.LeasedBy != "" {
+					t.Errorf("record behind the hung one: %+v, want released with attempts 0", st)
+				}
+			}
+		})
+	}
+}
+
+func TestForwarderTimeoutOnLastAttemptDeadLettersAndKeyGoesOn(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			s := b.new(t)
+			ids := b.insert(t, s, record("t", "k", "hang"), record("t", "k", "next"))
+			hang := make(chan struct{})
+			defer close(hang)
+			target := newRecorder()
+			target.setFail(func(d delivery) error {
+				if d.ID == ids[0] {
+					<-hang
+				}
+				return nil
+			})
+			cfg := fastConfig()
+			cfg.MaxAttempts = 1
+			cfg.PublishTimeout = 100 * time.Millisecond
+			res, err := newForwarder(t, s, target, cfg).RunOnce(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.DeadLettered != 1 || res.Published != 1 {
+				t.Fatalf("round %+v: want the hung record dead-lettered and the next of its key published", res)
+			}
+		})
+	}
+}
+
+func TestForwarderContextHonouringTargetSeesDeadline(t *testing.T) {
+	s := memory.New(memory.Config{})
+	s.Add(record("t", "k", "x"))
+	var sawDeadline atomic.Bool
+	target := publisherFunc(func(topic string, msgs ...*message.Message) error {
+		ctx := msgs[0].Context()
+		if _, ok := ctx.Deadline(); ok {
+			sawDeadline.Store(true)
+		}
+		<-ctx.Done() // an AMQP-like target waiting on its context
+		return ctx.Err()
+	})
+	cfg := fastConfig()
+	cfg.PublishTimeout = 50 * time.Millisecond
+	res, err := newForwarder(t, s, target, cfg).RunOnce(context.Background())
+	if err != nil || res.Nacked != 1 {
+		t.Fatalf("round %+v, %v: want the publish nacked at its deadline", res, err)
+	}
+	if !sawDeadline.Load() {
+		t.Error("the message context had no deadline")
+	}
+}
+
+func TestForwarderHardStopAbandonsHungPublish(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			s := b.new(t)
+			ids := b.insert(t, s, record("t", "k", "hang"), record("t", "k", "behind"), record("t", "", "untried"))
+			hang := make(chan struct{})
+			defer close(hang)
+			entered := make(chan struct{})
+			target := newRecorder()
+			target.setFail(func(d delivery) error {
+				if d.ID == ids[0] {
+					close(entered)
+					<-hang
+				}
+				return nil
+			})
+			cfg := fastConfig()
+			cfg.Concurrency = 1
+			cfg.PublishTimeout = time.Minute
+			cfg.ShutdownTimeout = 100 * time.Millisecond
+			f := newForwarder(t, s, target, cfg)
+			ctx, cancel := context.WithCancel(context.Background())
+			type out struct {
+				res txoutbox.RoundResult
+				err error
+			}
+			done := make(chan out, 1)
+			go func() { r, err := f.RunOnce(ctx); done <- out{r, err} }()
+			<-entered
+			cancel()
+			var o out
+			select {
+			case o = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("RunOnce did not return after the shutdown bound")
+			}
+			if o.err != nil || o.res.Nacked != 1 || o.res.Released != 2 {
+				t.Fatalf("round %+v, %v: want the hung publish abandoned (nacked) and 2 released", o.res, o.err)
+			}
+			if b.inspect != nil {
+				for _, id := range ids {
+					if st := b.inspect(t, s, id); st.LeasedBy != "" {
+						t.Errorf("record %d still leased after the hard stop", id)
+					}
+				}
+			}
+		})
+	}
+}
+
+type publisherFunc func(topic string, msgs ...*message.Message) error
+
+func (f publisherFunc) Publish(topic string, msgs ...*message.Message) error {
+	return f(topic, msgs...)
+}
+func (publisherFunc) Close() error { return nil }

@@ -232,29 +232,31 @@ func describe(cfg *pgxpool.Config) string {
 }
 
 // secretsOf returns the password of a database URL or key=value string in
-// the forms it may be printed: as written and decoded.
+// every form it may be printed: decoded, and URL-escaped.
 func secretsOf(dsn string) []string {
-	var out []string
-	add := func(s string) {
-		if len(s) >= 3 {
-			out = append(out, s)
+	var raw []string
+	if u, err := url.Parse(dsn); err == nil {
+		if u.User != nil {
+			if pw, ok := u.User.Password(); ok {
+				raw = append(raw, pw)
+			}
 		}
-	}
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if pw, ok := u.User.Password(); ok {
-			add(pw)
-			add(url.QueryEscape(pw))
-			add(url.PathEscape(pw))
-		}
-		add(u.Query().Get("password"))
+		raw = append(raw, u.Query().Get("password"))
 	}
 	if cfg, err := pgxpool.ParseConfig(dsn); err == nil {
-		add(cfg.ConnConfig.Password)
+		raw = append(raw, cfg.ConnConfig.Password)
 	}
 	for _, f := range strings.Fields(dsn) {
 		if v, ok := strings.CutPrefix(f, "password="); ok {
-			add(strings.Trim(v, "'"))
+			raw = append(raw, strings.Trim(v, "'"))
 		}
+	}
+	var out []string
+	for _, s := range raw {
+		if len(s) < 3 { // too short to hide without mangling the logs
+			continue
+		}
+		out = append(out, s, url.QueryEscape(s), url.PathEscape(s), url.UserPassword("", s).String()[1:])
 	}
 	return out
 }

@@ -60,7 +60,8 @@ type fault struct {
 	At       time.Time // when it was injected
 	Restored time.Time // when it was over (At for instant faults)
 	Detail   string
-	Leased   []int64 // records a killed worker held when it died
+	Leased   []int64   // records a killed worker held when it died
+	Running  []*worker // workers running through a restart
 }
 
 // ledger is what the producers committed and rolled back.
@@ -425,7 +426,9 @@ func (s *suite) tryRestart(r *restartSettings) bool {
 		r.note = fmt.Sprintf("other clients stayed connected (%d, %v)", n, err)
 		return false
 	}
-	f := fault{Kind: kindPGRestart, At: time.Now()}
+	s.mu.Lock()
+	f := fault{Kind: kindPGRestart, At: time.Now(), Running: slices.Clone(s.running)}
+	s.mu.Unlock()
 	out, err := exec.Command("pg_ctlcluster", "--skip-systemctl-redirect", r.version, r.cluster, "restart").CombinedOutput()
 	if err != nil {
 		s.t.Errorf("pg_ctlcluster restart: %v\n%s", err, out)
@@ -843,6 +846,25 @@ func (s *suite) check() {
 	}
 	for _, line := range s.graceful {
 		t.Logf("graceful stop %s", line)
+	}
+	// Every worker that lived through the restart must deliver again: its
+	// pool recovered by itself.
+	for _, f := range s.faults {
+		for _, w := range f.Running {
+			if w.exited() && w.exitAt.Before(f.Restored.Add(3*time.Second)) {
+				continue // stopped before it had a fair chance
+			}
+			recovered := false
+			for _, d := range got {
+				if d.Worker == w.id && d.At.After(f.Restored) {
+					recovered = true
+					break
+				}
+			}
+			if !recovered {
+				t.Errorf("worker %s delivered nothing after the PostgreSQL restart: its connections did not recover", w.id)
+			}
+		}
 	}
 
 	st, err := s.store.Stats(context.Background())

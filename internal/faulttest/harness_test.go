@@ -212,6 +212,7 @@ type worker struct {
 	logPath string
 	started time.Time
 	done    chan struct{} // closed when the process has exited
+	exitAt  time.Time     // set before done is closed
 	// expected is set before the suite signals the process, so an exit it
 	// did not cause is reported as a crash.
 	mu       sync.Mutex
@@ -269,6 +270,7 @@ func startWorker(t *testing.T, a workerArgs, id string) *worker {
 	w := &worker{id: id, cmd: cmd, logPath: logPath, started: time.Now(), done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
+		w.exitAt = time.Now()
 		logFile.Close()
 		close(w.done)
 	}()

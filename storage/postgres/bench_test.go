@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,7 +35,6 @@ func BenchmarkClaimAck(b *testing.B) {
 				ctx := b.Context()
 				ids := make([]int64, 0, batch)
 				msgs := 0
-				start := time.Now()
 				b.ResetTimer()
 				for b.Loop() {
 					if left < batch {
@@ -59,8 +60,60 @@ func BenchmarkClaimAck(b *testing.B) {
 					left -= len(got)
 					msgs += len(got)
 				}
-				_ = start
 				b.ReportMetric(float64(msgs)/b.Elapsed().Seconds(), "msgs/s")
+			})
+		}
+	}
+}
+
+// BenchmarkDrainWorkers drains a 5k backlog with four workers under strict
+// ordering, over many keys and over a few hot ones: the case where a naive
+// ordering check collapses.
+func BenchmarkDrainWorkers(b *testing.B) {
+	for _, keys := range []int{1000, 10} {
+		for _, batch := range []int{100, 1000} {
+			b.Run(fmt.Sprintf("keys=%d/batch=%d", keys, batch), func(b *testing.B) {
+				const backlog, workers = 5_000, 4
+				total := 0
+				var elapsed time.Duration
+				for b.Loop() {
+					b.StopTimer()
+					s := newStore(b, Config{})
+					fill(b, s, backlog, keys)
+					b.StartTimer()
+					start := time.Now()
+					var wg sync.WaitGroup
+					var delivered atomic.Int64
+					for w := range workers {
+						wg.Go(func() {
+							worker := fmt.Sprintf("w%d", w)
+							for delivered.Load() < backlog {
+								got, err := s.Claim(b.Context(), storage.ClaimParams{BatchSize: batch, Lease: time.Minute, WorkerID: worker})
+								if err != nil {
+									b.Error(err)
+									return
+								}
+								if len(got) == 0 {
+									time.Sleep(time.Millisecond) // an idle worker polls, as the forwarder would
+									continue
+								}
+								ids := make([]int64, len(got))
+								for i, r := range got {
+									ids[i] = r.ID
+								}
+								if err := s.Ack(b.Context(), storage.AckParams{IDs: ids, WorkerID: worker}); err != nil {
+									b.Error(err)
+									return
+								}
+								delivered.Add(int64(len(got)))
+							}
+						})
+					}
+					wg.Wait()
+					elapsed += time.Since(start)
+					total += backlog
+				}
+				b.ReportMetric(float64(total)/elapsed.Seconds(), "msgs/s")
 			})
 		}
 	}

@@ -22,6 +22,12 @@
 // the leases committed by the one before it. That serialises claims per table;
 // set [Config.DisableStrictOrdering] when order per key does not matter.
 //
+// The check itself reads a small partial index of leased and rescheduled rows,
+// so its cost does not grow with the backlog. What does grow is the walk over
+// rows that are held back: with a few hot keys and several workers, a worker
+// whose every key is held by others walks the whole pending backlog before it
+// comes back empty. Run fewer workers on such a table, or spread the keys.
+//
 // # Wake-ups
 //
 // With [Config.NotifyChannel] set, the schema adds a statement-level trigger

@@ -30,15 +30,21 @@ func buildQueries(t string, strict bool, visibility time.Duration) queries {
 		// now. It is read from the statement's snapshot, taken after the advisory
 		// lock was granted by the previous statement of the batch, so it sees
 		// every committed claim.
-		notClaimable := "e.due_at > now() OR e.leased_until > now()"
-		if visibility > 0 {
-			notClaimable += fmt.Sprintf(" OR e.created_at > now() - interval '%d microseconds'", visibility.Microseconds())
-		}
+		//
+		// Only a leased row (leased_until set) or a row rescheduled past its
+		// creation (due_at > created_at: due_at > now() >= created_at) can be
+		// unclaimable, and the partial (key, id) index holds only those rows;
+		// the first condition repeats its predicate so the planner uses it.
+		//
+		// The visibility delay needs no clause here: created_at is taken at
+		// insert (clock_timestamp), so an earlier id is never younger than a
+		// row that is old enough to claim.
 		hold = fmt.Sprintf(`
       AND (o.key = '' OR NOT EXISTS (
           SELECT 1 FROM %s e
           WHERE e.status = 'pending' AND e.key = o.key AND e.key <> '' AND e.id < o.id
-            AND (%s)))`, t, notClaimable)
+            AND (e.leased_until IS NOT NULL OR e.due_at > e.created_at)
+            AND (e.due_at > now() OR e.leased_until > now())))`, t)
 	}
 	return queries{
 		// id = ANY(ARRAY(...)) keeps the primary-key plan; id IN (SELECT ...)

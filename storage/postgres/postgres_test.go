@@ -94,7 +94,7 @@ func TestSchemaSQL(t *testing.T) {
 	for _, want := range []string{
 		`CREATE TABLE IF NOT EXISTS "app"."Outbox"`,
 		`CREATE INDEX IF NOT EXISTS "Outbox_pending_idx" ON "app"."Outbox" (id) WHERE status = 'pending'`,
-		`(key, id) WHERE status = 'pending' AND key <> ''`,
+		"(key, id)\n    WHERE status = 'pending' AND key <> '' AND (leased_until IS NOT NULL OR due_at > created_at)",
 		`(delivered_at) WHERE status = 'delivered'`,
 		`(topic, id) WHERE status = 'dead'`,
 	} {

@@ -24,7 +24,7 @@ func (s *Storage) SchemaSQL() string {
     key          TEXT        NOT NULL DEFAULT '',
     payload      BYTEA,
     metadata     JSONB,
-    created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    created_at   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
     due_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
     attempts     INTEGER     NOT NULL DEFAULT 0,
     leased_by    TEXT,
@@ -38,8 +38,11 @@ func (s *Storage) SchemaSQL() string {
 -- Claim walks pending rows in id order; delivered rows never enter this index.
 CREATE INDEX IF NOT EXISTS %s ON %s (id) WHERE status = 'pending';
 
--- Strict ordering: is there an earlier pending row of the same key?
-CREATE INDEX IF NOT EXISTS %s ON %s (key, id) WHERE status = 'pending' AND key <> '';
+-- Strict ordering: is there an earlier pending row of the same key that is
+-- not claimable? Only leased rows and rows rescheduled for later can be, so
+-- only they are indexed: the lookup stays cheap however long the backlog.
+CREATE INDEX IF NOT EXISTS %s ON %s (key, id)
+    WHERE status = 'pending' AND key <> '' AND (leased_until IS NOT NULL OR due_at > created_at);
 
 -- Purge: delivered rows by age.
 CREATE INDEX IF NOT EXISTS %s ON %s (delivered_at) WHERE status = 'delivered';
