@@ -139,6 +139,14 @@ type ForwarderConfig struct {
 	// (MetadataOutboxID, MetadataAttempt, MetadataKey, MetadataCreatedAt) and
 	// its context holds the [Delivery] (see DeliveryFromContext).
 	Middlewares []message.HandlerMiddleware
+	// OnOutcome, if set, is called with the outcome of every claimed record
+	// once it is written back, including the records that never reach the
+	// middleware (released, undecodable, timed out). It runs on the round's
+	// goroutines: keep it fast and safe for concurrent use. The metrics
+	// middleware uses it for exact retry and dead-letter counts.
+	OnOutcome func(Outcome)
+	// OnRound, if set, is called after each round that claimed records.
+	OnRound func(RoundResult)
 }
 
 // ErrLeaseTooShort is logged (not returned) when the configuration cannot

@@ -266,13 +266,22 @@ func (f *Forwarder) RunOnce(ctx context.Context) (RoundResult, error) {
 	res := r.result
 	res.Claimed = len(records)
 	if len(r.acked) > 0 {
+		ids := make([]int64, len(r.acked))
+		for i, rec := range r.acked {
+			ids[i] = rec.ID
+		}
 		bctx, cancel := f.bookkeepingCtx(ctx)
-		err = f.store.Ack(bctx, storage.AckParams{IDs: r.acked, WorkerID: f.config.WorkerID})
+		err = f.store.Ack(bctx, storage.AckParams{IDs: ids, WorkerID: f.config.WorkerID})
 		cancel()
 		if err != nil {
-			err = fmt.Errorf("ack %d published outbox records (they will be redelivered when their lease expires): %w", len(r.acked), err)
+			err = fmt.Errorf("ack %d published outbox records (they will be redelivered when their lease expires): %w", len(ids), err)
 		} else {
-			res.Published = len(r.acked)
+			res.Published = len(ids)
+		}
+		if f.config.OnOutcome != nil {
+			for _, rec := range r.acked {
+				f.config.OnOutcome(Outcome{Kind: OutcomePublished, Record: rec, StorageErr: err})
+			}
 		}
 	}
 	res.Duration = time.Since(start)
@@ -282,6 +291,9 @@ func (f *Forwarder) RunOnce(ctx context.Context) (RoundResult, error) {
 			"duration": res.Duration,
 			"claimed":  res.Claimed,
 		})
+	}
+	if f.config.OnRound != nil {
+		f.config.OnRound(res)
 	}
 	f.logger.Trace("Forwarder round done", watermill.LogFields{
 		"claimed": res.Claimed, "published": res.Published, "nacked": res.Nacked,
@@ -304,7 +316,7 @@ type round struct {
 	next   atomic.Int64 // index of the next group to publish
 
 	mu     sync.Mutex
-	acked  []int64
+	acked  []*storage.Record // published, to ack at the end of the round
 	result RoundResult
 }
 
@@ -341,7 +353,7 @@ type lane struct {
 	group     []storage.Record
 	pos       int  // index in group of the publish in flight
 	abandoned bool // the supervisor gave up on this lane
-	acked     []int64
+	acked     []*storage.Record
 
 	done chan struct{} // closed when work returns
 	// first is a group remainder to publish before pulling new groups.
@@ -426,6 +438,51 @@ func (r *round) supervise() {
 	}
 }
 
+// OutcomeKind is what became of a claimed record in a round.
+type OutcomeKind int
+
+// The outcomes of a claimed record.
+const (
+	// OutcomePublished: published and acked (StorageErr: the ack failed).
+	OutcomePublished OutcomeKind = iota + 1
+	// OutcomeNacked: the publish failed; retried at RetryAt.
+	OutcomeNacked
+	// OutcomeReleased: given back untried (behind a failure of its key, or
+	// at shutdown); due again at RetryAt.
+	OutcomeReleased
+	// OutcomeDeadLettered: parked for good (out of attempts, undecodable).
+	OutcomeDeadLettered
+)
+
+func (k OutcomeKind) String() string {
+	switch k {
+	case OutcomePublished:
+		return "published"
+	case OutcomeNacked:
+		return "nacked"
+	case OutcomeReleased:
+		return "released"
+	case OutcomeDeadLettered:
+		return "dead_lettered"
+	}
+	return "unknown"
+}
+
+// Outcome reports what became of one record, after its write-back. It is
+// passed to ForwarderConfig.OnOutcome.
+type Outcome struct {
+	Kind OutcomeKind
+	// Record is the claimed record; do not keep or modify it.
+	Record *storage.Record
+	// Err is the publish error (nacked) or the reason (dead-lettered).
+	Err error
+	// RetryAt is when a nacked or released record is due again.
+	RetryAt time.Time
+	// StorageErr is set when the write-back itself failed; the record is then
+	// recovered by lease expiry.
+	StorageErr error
+}
+
 func (r *round) mergeAcked(l *lane) {
 	l.mu.Lock()
 	acked := l.acked
@@ -472,7 +529,7 @@ func (l *lane) publishGroup(group []storage.Record) bool {
 		abandoned := l.abandoned
 		l.busy = false
 		if err == nil && !abandoned {
-			l.acked = append(l.acked, rec.ID)
+			l.acked = append(l.acked, rec)
 		}
 		l.mu.Unlock()
 		if abandoned {
@@ -628,6 +685,9 @@ func (r *round) nack(rec *storage.Record, cause error, retryAt time.Time) {
 	defer cancel()
 	err := f.store.Nack(ctx, storage.NackParams{ID: rec.ID, WorkerID: f.config.WorkerID, Error: cause.Error(), RetryAt: retryAt})
 	r.count(func(res *RoundResult) { res.Nacked++ })
+	if f.config.OnOutcome != nil {
+		f.config.OnOutcome(Outcome{Kind: OutcomeNacked, Record: rec, Err: cause, RetryAt: retryAt, StorageErr: err})
+	}
 	fields := watermill.LogFields{"outbox_id": rec.ID, "uuid": rec.UUID, "topic": rec.Topic, "key": rec.Key, "attempt": rec.Attempts, "retry_at": retryAt}
 	if err != nil {
 		f.logger.Error("Nack failed; the record is retried when its lease expires", err, fields)
@@ -649,6 +709,11 @@ func (r *round) release(recs []storage.Record, retryAt time.Time, why string) {
 	defer cancel()
 	err := f.store.Release(ctx, storage.ReleaseParams{IDs: ids, WorkerID: f.config.WorkerID, RetryAt: retryAt})
 	r.count(func(res *RoundResult) { res.Released += len(ids) })
+	if f.config.OnOutcome != nil {
+		for i := range recs {
+			f.config.OnOutcome(Outcome{Kind: OutcomeReleased, Record: &recs[i], RetryAt: retryAt, StorageErr: err})
+		}
+	}
 	if err != nil {
 		f.logger.Error("Release failed; the records are claimable when their lease expires", err, watermill.LogFields{"count": len(ids), "reason": why})
 	}
@@ -660,6 +725,9 @@ func (r *round) deadLetter(rec *storage.Record, reason string) {
 	defer cancel()
 	err := f.store.DeadLetter(ctx, storage.DeadLetterParams{ID: rec.ID, WorkerID: f.config.WorkerID, Error: reason})
 	r.count(func(res *RoundResult) { res.DeadLettered++ })
+	if f.config.OnOutcome != nil {
+		f.config.OnOutcome(Outcome{Kind: OutcomeDeadLettered, Record: rec, Err: errors.New(reason), StorageErr: err})
+	}
 	fields := watermill.LogFields{"outbox_id": rec.ID, "uuid": rec.UUID, "topic": rec.Topic, "key": rec.Key, "attempt": rec.Attempts, "reason": reason}
 	if err != nil {
 		f.logger.Error("Dead-letter failed; the record is claimed again when its lease expires", err, fields)

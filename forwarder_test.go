@@ -866,3 +866,48 @@ func (f publisherFunc) Publish(topic string, msgs ...*message.Message) error {
 	return f(topic, msgs...)
 }
 func (publisherFunc) Close() error { return nil }
+
+func TestForwarderOnOutcomeReportsEveryRecord(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			s := b.new(t)
+			ids := b.insert(t, s, record("t", "k", "fails"), record("t", "k", "behind"), record("t", "", "ok"), record("t", "p", "poison"))
+			target := newRecorder()
+			target.setFail(func(d delivery) error {
+				if d.ID == ids[0] || d.ID == ids[3] {
+					return errors.New("no")
+				}
+				return nil
+			})
+			var mu sync.Mutex
+			got := map[int64]txoutbox.OutcomeKind{}
+			var rounds []txoutbox.RoundResult
+			cfg := fastConfig()
+			cfg.MaxAttempts = 1
+			cfg.OnOutcome = func(o txoutbox.Outcome) {
+				mu.Lock()
+				defer mu.Unlock()
+				if o.StorageErr != nil {
+					t.Errorf("write-back of %d failed: %v", o.Record.ID, o.StorageErr)
+				}
+				got[o.Record.ID] = o.Kind
+			}
+			cfg.OnRound = func(r txoutbox.RoundResult) { mu.Lock(); rounds = append(rounds, r); mu.Unlock() }
+			// Record 1 fails on its last attempt: dead-lettered, and its key goes on.
+			if _, err := newForwarder(t, s, target, cfg).RunOnce(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			want := map[int64]txoutbox.OutcomeKind{
+				ids[0]: txoutbox.OutcomeDeadLettered, ids[1]: txoutbox.OutcomePublished,
+				ids[2]: txoutbox.OutcomePublished, ids[3]: txoutbox.OutcomeDeadLettered,
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("outcomes %v, want %v", got, want)
+			}
+			if len(rounds) != 1 || rounds[0].Claimed != 4 {
+				t.Errorf("OnRound got %+v, want one round of 4", rounds)
+			}
+		})
+	}
+}

@@ -101,6 +101,7 @@ type Metrics struct {
 	deadLettered *prometheus.CounterVec
 	duration     *prometheus.HistogramVec
 	lag          *prometheus.HistogramVec
+	outcomes     *prometheus.CounterVec
 }
 
 // NewMetrics registers the forwarder metrics with reg and returns them.
@@ -140,6 +141,8 @@ func NewMetrics(reg prometheus.Registerer, config MetricsConfig) (*Metrics, erro
 			"Time one publish took through the rest of the middleware chain and the target.", config.DurationBuckets, LabelTopic, LabelOutcome),
 		lag: histogram("lag_seconds",
 			"Time from the record's insertion into the outbox to the end of its successful publish.", config.LagBuckets, LabelTopic),
+		outcomes: counter("outcomes_total",
+			"What became of claimed records, as the forwarder wrote it back (set ForwarderConfig.OnOutcome = metrics.OnOutcome).", LabelTopic, LabelOutcome),
 	}
 	var err error
 	if m.published, err = register(reg, m.published); err != nil {
@@ -160,7 +163,19 @@ func NewMetrics(reg prometheus.Registerer, config MetricsConfig) (*Metrics, erro
 	if m.lag, err = register(reg, m.lag); err != nil {
 		return nil, err
 	}
+	if m.outcomes, err = register(reg, m.outcomes); err != nil {
+		return nil, err
+	}
 	return m, nil
+}
+
+// OnOutcome counts the forwarder's own outcome of every claimed record in
+// txoutbox_forwarder_outcomes_total{topic, outcome} (outcome: published,
+// nacked, released, dead_lettered). Unlike Middleware it is exact wherever the
+// middleware sits, and it sees the records that never reach a middleware
+// (undecodable, timed out, released). Use it as ForwarderConfig.OnOutcome.
+func (m *Metrics) OnOutcome(o txoutbox.Outcome) {
+	m.outcomes.WithLabelValues(o.Record.Topic, o.Kind.String()).Inc()
 }
 
 // register registers c, or returns the collector already registered in its

@@ -339,3 +339,40 @@ func TestNewMetrics(t *testing.T) {
 		t.Error("NewMetrics over a clashing registry succeeded")
 	}
 }
+
+// OnOutcome counts the forwarder's own outcomes, released records included,
+// which no middleware sees.
+func TestMetricsOnOutcomeCountsForwarderOutcomes(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t)
+	reg := prometheus.NewRegistry()
+	m := newMetrics(t, reg, 2)
+	o.publish(t, "orders", "k", "first", "second")
+
+	// "first" fails twice and is dead-lettered; "second" waits behind it
+	// (released) on the first failure, then is published.
+	p := newTarget(func(msg *message.Message, _ int) error {
+		if string(msg.Payload) == "first" {
+			return errBroker
+		}
+		return nil
+	})
+	cfg := fastConfig(2)
+	cfg.OnOutcome = m.OnOutcome
+	f := newForwarder(t, o, p, cfg)
+	runUntil(t, f, "one delivered, one dead", func() bool {
+		_, delivered, dead := o.stats(t)
+		return delivered == 1 && dead == 1
+	})
+	err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP txoutbox_forwarder_outcomes_total What became of claimed records, as the forwarder wrote it back (set ForwarderConfig.OnOutcome = metrics.OnOutcome).
+# TYPE txoutbox_forwarder_outcomes_total counter
+txoutbox_forwarder_outcomes_total{outcome="dead_lettered",topic="orders"} 1
+txoutbox_forwarder_outcomes_total{outcome="nacked",topic="orders"} 1
+txoutbox_forwarder_outcomes_total{outcome="published",topic="orders"} 1
+txoutbox_forwarder_outcomes_total{outcome="released",topic="orders"} 1
+`), "txoutbox_forwarder_outcomes_total")
+	if err != nil {
+		t.Error(err)
+	}
+}
