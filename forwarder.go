@@ -237,11 +237,15 @@ func (f *Forwarder) RunOnce(ctx context.Context) (RoundResult, error) {
 	if err := ctx.Err(); err != nil {
 		return RoundResult{}, nil
 	}
-	records, err := f.store.Claim(ctx, storage.ClaimParams{
+	// The claim is not cancelled with ctx: a claim cancelled on the wire may
+	// have committed its leases, which nobody would then release.
+	cctx, ccancel := f.bookkeepingCtx(ctx)
+	records, err := f.store.Claim(cctx, storage.ClaimParams{
 		BatchSize: f.config.BatchSize,
 		Lease:     f.config.Lease,
 		WorkerID:  f.config.WorkerID,
 	})
+	ccancel()
 	if err != nil {
 		return RoundResult{}, fmt.Errorf("claim outbox records: %w", err)
 	}

@@ -120,7 +120,7 @@ func parseForwarderFlags(args []string, stderr io.Writer) (forwarderFlags, error
 	fs.IntVar(&c.concurrency, "concurrency", 8, "key groups published in parallel")
 	fs.IntVar(&c.maxAttempts, "max-attempts", 1000, "attempts before a record is dead-lettered")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 3*time.Second, "bound on in-flight publishes after SIGTERM")
-	fs.BoolVar(&c.debug, "debug", false, "log every round and failed publish")
+	fs.BoolVar(&c.debug, "debug", false, "log every claim, round and failed publish")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

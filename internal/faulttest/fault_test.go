@@ -268,8 +268,9 @@ func (s *suite) startProducers() (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for p := range producers {
+		seed := s.rng.Uint64() // drawn here: s.rng is not safe for concurrent use
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(s.rng.Uint64(), uint64(p)))
+			rng := rand.New(rand.NewPCG(seed, uint64(p)))
 			tick := time.NewTicker(producerInterval)
 			defer tick.Stop()
 			for {
@@ -763,7 +764,10 @@ func (s *suite) check() {
 				// With TXOUTBOX_FAULT_DEBUG=1 the workers log their claims.
 				for _, w := range s.all {
 					for _, line := range w.logLines("/" + d.Key) {
-						if strings.Contains(line, fmt.Sprintf("%d/", d.OutboxID)) || strings.Contains(line, fmt.Sprintf("%d/", prev.OutboxID)) {
+						mentions := func(id int64) bool {
+							return strings.Contains(line, fmt.Sprintf("=%d/", id)) || strings.Contains(line, fmt.Sprintf(",%d/", id))
+						}
+						if mentions(d.OutboxID) || mentions(prev.OutboxID) {
 							t.Logf("%s: %s", w.id, line)
 						}
 					}

@@ -1,0 +1,687 @@
+// Command txoutbox-bench runs txoutbox and Watermill's components/forwarder
+// (over watermill-sql) side by side on one PostgreSQL database, with the same
+// workload, one after the other, and prints a table of figures with the ratios
+// txoutbox/watermill.
+//
+// Usage:
+//
+//	go run ./cmd/txoutbox-bench                       # default matrix, a few minutes
+//	go run ./cmd/txoutbox-bench -quick                # tiny smoke workload (CI)
+//	go run ./cmd/txoutbox-bench -scenarios drain -latency 1ms -batch 1000 -forwarders 1,4
+//
+// Scenarios: insert (producer msgs/s), drain (a backlog, msgs/s), steady
+// (producers and forwarders together), latency (commit-to-publish p50/p99 at
+// a fixed offered load; txoutbox woken by LISTEN/NOTIFY, Watermill polling),
+// rss (txoutbox forwarder peak RSS over a large backlog, in a child process).
+// The target is an in-process publisher that sleeps -latency per Publish call
+// and counts deliveries per message: any lost message makes the command exit 1.
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+		"text/tabwriter"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/txoutbox/txoutbox"
+)
+
+type options struct {
+	url         string
+	messages    int
+	keys        int
+	payload     int
+	perTx       int
+	producers   int
+	latencies   []time.Duration
+	batches     []int
+	forwarders  []int
+	stricts     []bool
+	concurrency int
+	poll        time.Duration
+	rate        int
+	duration    time.Duration
+	wmPolls     []time.Duration
+	wmLatMsgs   int
+	scenarios   map[string]bool
+	rssRows     int
+	rssDrain    int
+	runTimeout  time.Duration
+	quick       bool
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == childRSSArg {
+		if err := childRSS(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "txoutbox-bench child:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	o, err := parseFlags(os.Args[1:], os.Stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "txoutbox-bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	code, err := run(ctx, o, os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "txoutbox-bench:", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	fs := flag.NewFlagSet("txoutbox-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options
+	var latencies, batches, forwarders, stricts, wmPolls, scenarios string
+	var skipRSS bool
+	defURL := cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	fs.StringVar(&o.url, "url", defURL, "PostgreSQL URL (default from TEST_DATABASE_URL)")
+	fs.IntVar(&o.messages, "messages", 50000, "messages per run")
+	fs.IntVar(&o.keys, "keys", 1000, "distinct ordering keys; 0 = keyless")
+	fs.IntVar(&o.payload, "payload", 256, "payload bytes")
+	fs.IntVar(&o.perTx, "per-tx", 10, "messages per producer transaction (one Publish call)")
+	fs.IntVar(&o.producers, "producers", 4, "concurrent producers")
+	fs.StringVar(&latencies, "latency", "0,1ms", "simulated broker latency per Publish call (list)")
+	fs.StringVar(&batches, "batch", "100,1000", "batch sizes (txoutbox BatchSize, watermill-sql SubscribeBatchSize) (list)")
+	fs.StringVar(&forwarders, "forwarders", "1,4", "forwarders running at once (list)")
+	fs.StringVar(&stricts, "strict", "on,off", "txoutbox strict ordering (list of on/off)")
+	fs.IntVar(&o.concurrency, "concurrency", 0, "txoutbox Concurrency; 0 = 16 with no latency, 128 with latency")
+	fs.DurationVar(&o.poll, "poll", 10*time.Millisecond, "idle poll interval of both relays in drain and steady runs")
+	fs.IntVar(&o.rate, "rate", 1000, "offered load of the latency scenario, msgs/s")
+	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of the latency scenario")
+	fs.StringVar(&wmPolls, "wm-poll", "1ms,10ms", "watermill poll intervals tried in the latency scenario; the best is reported (list)")
+	fs.IntVar(&o.wmLatMsgs, "wm-latency-messages", 10000, "cap on messages of watermill drains with broker latency (it forwards one at a time)")
+	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,rss", "scenarios to run (list)")
+	fs.IntVar(&o.rssRows, "rss-rows", 1_000_000, "pending rows of the rss scenario")
+	fs.IntVar(&o.rssDrain, "rss-drain", 200_000, "rows the rss child forwards before its peak RSS is read")
+	fs.BoolVar(&skipRSS, "skip-rss", false, "skip the rss scenario (inserting its backlog takes a while)")
+	fs.DurationVar(&o.runTimeout, "run-timeout", 5*time.Minute, "bound on each run; a run that outlives it counts its undelivered messages as lost")
+	fs.BoolVar(&o.quick, "quick", false, "tiny smoke workload (overrides sizes)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	var err error
+	if o.latencies, err = parseList(latencies, time.ParseDuration); err != nil {
+		return o, fmt.Errorf("-latency: %w", err)
+	}
+	if o.batches, err = parseList(batches, strconv.Atoi); err != nil {
+		return o, fmt.Errorf("-batch: %w", err)
+	}
+	if o.forwarders, err = parseList(forwarders, strconv.Atoi); err != nil {
+		return o, fmt.Errorf("-forwarders: %w", err)
+	}
+	if o.wmPolls, err = parseList(wmPolls, time.ParseDuration); err != nil {
+		return o, fmt.Errorf("-wm-poll: %w", err)
+	}
+	if o.stricts, err = parseList(stricts, func(s string) (bool, error) {
+		switch s {
+		case "on", "true":
+			return true, nil
+		case "off", "false":
+			return false, nil
+		}
+		return false, fmt.Errorf("%q: want on or off", s)
+	}); err != nil {
+		return o, fmt.Errorf("-strict: %w", err)
+	}
+	o.scenarios = map[string]bool{}
+	for _, s := range strings.Split(scenarios, ",") {
+		s = strings.TrimSpace(s)
+		switch s {
+		case "insert", "drain", "steady", "latency", "rss":
+			o.scenarios[s] = true
+		case "":
+		default:
+			return o, fmt.Errorf("-scenarios: unknown scenario %q", s)
+		}
+	}
+	if skipRSS {
+		delete(o.scenarios, "rss")
+	}
+	if o.quick {
+		o.messages, o.keys, o.rate, o.duration = 1000, 100, 500, time.Second
+		o.rssRows, o.rssDrain, o.wmLatMsgs = 20000, 5000, 300
+		o.batches, o.forwarders = []int{100}, []int{1, 2}
+		o.wmPolls = []time.Duration{10 * time.Millisecond}
+	}
+	for _, v := range append(append([]int{o.messages, o.perTx, o.producers, o.rate}, o.batches...), o.forwarders...) {
+		if v <= 0 {
+			return o, errors.New("-messages, -per-tx, -producers, -rate, -batch and -forwarders must be > 0")
+		}
+	}
+	if o.keys < 0 || o.payload < 0 || o.concurrency < 0 {
+		return o, errors.New("-keys, -payload and -concurrency must be >= 0")
+	}
+	return o, nil
+}
+
+func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		v, err := parse(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty list")
+	}
+	return out, nil
+}
+
+// row is one line of the result table.
+type row struct {
+	scenario, settings string
+	txo, wm            string
+	ratio              string
+	txoDL, wmDL        string // duplicates/lost
+}
+
+type bench struct {
+	o       options
+	out     io.Writer
+	rows    []row
+	lost    bool
+	seq     int
+	payload []byte
+	inserts map[string][]float64 // producer msgs/s per relay
+}
+
+func run(ctx context.Context, o options, out io.Writer) (int, error) {
+	b := &bench{o: o, out: out, payload: make([]byte, o.payload), inserts: map[string][]float64{}}
+	for i := range b.payload {
+		b.payload[i] = byte('a' + rand.IntN(26))
+	}
+	start := time.Now()
+	fmt.Fprintf(out, "txoutbox-bench %s: messages=%d keys=%d payload=%dB per-tx=%d producers=%d poll=%s\n",
+		start.Format(time.RFC3339), o.messages, o.keys, o.payload, o.perTx, o.producers, o.poll)
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"drain", b.drain}, {"insert", b.insert}, {"steady", b.steady}, {"latency", b.latency}, {"rss", b.rss},
+	}
+	for _, s := range steps {
+		if !o.scenarios[s.name] {
+			continue
+		}
+		if err := s.fn(ctx); err != nil {
+			b.print()
+			return 1, fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	b.print()
+	fmt.Fprintf(out, "total %s\n", time.Since(start).Round(time.Second))
+	if b.lost {
+		fmt.Fprintln(out, "FAIL: messages were lost")
+		return 1, nil
+	}
+	return 0, nil
+}
+
+func (b *bench) print() {
+	tw := tabwriter.NewWriter(b.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nscenario\tsettings\ttxoutbox\twatermill\ttxo/wm\tdup/lost txo\tdup/lost wm")
+	for _, r := range b.rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.scenario, r.settings, r.txo, r.wm, r.ratio, r.txoDL, r.wmDL)
+	}
+	_ = tw.Flush()
+}
+
+func (b *bench) progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "  "+format+"\n", args...)
+}
+
+// name returns a table name unique to this process and run.
+func (b *bench) name(kind string) string {
+	b.seq++
+	return fmt.Sprintf("bench_%s_%d_%d", kind, os.Getpid(), b.seq)
+}
+
+func (b *bench) concurrencyFor(latency time.Duration) int {
+	if b.o.concurrency > 0 {
+		return b.o.concurrency
+	}
+	if latency > 0 {
+		return 128
+	}
+	return 16
+}
+
+func (b *bench) message(i int, sent bool) *message.Message {
+	m := message.NewMessage(makeUUID(i), b.payload)
+	if b.o.keys > 0 {
+		m.Metadata.Set(txoutbox.MetadataKey, "k"+strconv.Itoa(i%b.o.keys))
+	}
+	if sent {
+		m.Metadata.Set(metaSent, strconv.FormatInt(time.Now().UnixNano(), 10))
+	}
+	return m
+}
+
+// plan splits messages [0, n) into transactions of up to per-tx messages,
+// one list per producer. All messages of a key go to one producer, in index
+// order, so per-key insertion order is index order and the sink can count
+// reorders. Keyless messages are dealt round-robin.
+func (b *bench) plan(n int) [][][]int {
+	p := b.o.producers
+	owned := make([][]int, p)
+	for i := range n {
+		owner := i % p
+		if b.o.keys > 0 {
+			owner = (i % b.o.keys) % p
+		}
+		owned[owner] = append(owned[owner], i)
+	}
+	txs := make([][][]int, p)
+	for w, ids := range owned {
+		for len(ids) > 0 {
+			k := min(b.o.perTx, len(ids))
+			txs[w] = append(txs[w], ids[:k])
+			ids = ids[k:]
+		}
+	}
+	return txs
+}
+
+func (b *bench) publishTx(ctx context.Context, r relay, ids []int, stamp bool) error {
+	msgs := make([]*message.Message, len(ids))
+	for j, i := range ids {
+		msgs[j] = b.message(i, stamp)
+	}
+	if err := r.PublishTx(ctx, msgs); err != nil {
+		return fmt.Errorf("producer: %w", err)
+	}
+	return nil
+}
+
+// produce writes messages [0, n) through r with the configured producers as
+// fast as they go, and returns msgs/s.
+func (b *bench) produce(ctx context.Context, r relay, n int, stamp bool) (float64, error) {
+	plan := b.plan(n)
+	var wg sync.WaitGroup
+	errs := make(chan error, len(plan))
+	start := time.Now()
+	for _, txs := range plan {
+		wg.Go(func() {
+			for _, ids := range txs {
+				if ctx.Err() != nil {
+					return
+				}
+				if err := b.publishTx(ctx, r, ids, stamp); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	return float64(n) / time.Since(start).Seconds(), ctx.Err()
+}
+
+// produceAt writes n messages at rate msgs/s, stamped with their send time:
+// transactions are started on a fixed schedule, round-robin over producers.
+func (b *bench) produceAt(ctx context.Context, r relay, n, rate int) error {
+	plan := b.plan(n)
+	var wg sync.WaitGroup
+	errs := make(chan error, len(plan))
+	queues := make([]chan []int, len(plan))
+	for w := range plan {
+		queues[w] = make(chan []int, len(plan[w]))
+		wg.Go(func() {
+			for ids := range queues[w] {
+				if err := b.publishTx(ctx, r, ids, true); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+				}
+			}
+		})
+	}
+	interval := time.Duration(float64(time.Second) * float64(b.o.perTx) / float64(rate))
+	start := time.Now()
+	next := make([]int, len(plan))
+	for k := 0; ctx.Err() == nil; k++ {
+		w := k % len(plan)
+		if next[w] >= len(plan[w]) {
+			done := true
+			for v := range plan {
+				if next[v] < len(plan[v]) {
+					done = false
+				}
+			}
+			if done {
+				break
+			}
+			continue
+		}
+		if d := time.Until(start.Add(time.Duration(k) * interval)); d > 0 {
+			time.Sleep(d) // pacing the offered load, not synchronisation
+		}
+		queues[w] <- plan[w][next[w]]
+		next[w]++
+	}
+	for _, q := range queues {
+		close(q)
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// outcome is what one relay did in one run.
+type outcome struct {
+	rate      float64 // msgs/s
+	insert    float64 // producer msgs/s, when measured
+	dup, lost int64
+	reorders  int64
+	p50, p99  time.Duration
+	n         int
+}
+
+func (oc outcome) dl() string {
+	s := fmt.Sprintf("%d/%d", oc.dup, oc.lost)
+	if oc.reorders > 0 {
+		s += fmt.Sprintf(" (%d reordered)", oc.reorders)
+	}
+	return s
+}
+
+// await waits until s saw every message or the run timeout passes.
+func (b *bench) await(ctx context.Context, s *sink) {
+	t := time.NewTimer(b.o.runTimeout)
+	defer t.Stop()
+	select {
+	case <-s.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+func (b *bench) finish(oc *outcome, s *sink) {
+	oc.dup, oc.lost, oc.reorders = s.duplicates(), s.losses(), s.reorders.Load()
+	if oc.lost > 0 {
+		b.lost = true
+	}
+	if s.recordLatency {
+		s.mu.Lock()
+		lats := slices.Clone(s.latencies)
+		s.mu.Unlock()
+		slices.Sort(lats)
+		if len(lats) > 0 {
+			oc.p50 = lats[len(lats)*50/100]
+			oc.p99 = lats[min(len(lats)*99/100, len(lats)-1)]
+		}
+	}
+}
+
+// drainRun fills a backlog of n messages through the producers, then starts
+// the forwarders and times the drain.
+func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n int, latency time.Duration) (oc outcome, err error) {
+	cfg.name = b.name(kind)
+	r := b.newRelay(kind, cfg)
+	defer func() { err = errors.Join(err, r.Teardown(context.WithoutCancel(ctx))) }()
+	if err := r.Setup(ctx); err != nil {
+		return oc, err
+	}
+	if oc.insert, err = b.produce(ctx, r, n, false); err != nil {
+		return oc, err
+	}
+	b.inserts[kind] = append(b.inserts[kind], oc.insert)
+	s := newSink(n, b.o.keys, latency, false)
+	start := time.Now()
+	stop, err := r.Start(ctx, s)
+	if err != nil {
+		return oc, err
+	}
+	b.await(ctx, s)
+	stop()
+	oc.n = n
+	if at := s.doneAt.Load(); at > 0 {
+		oc.rate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
+	}
+	b.finish(&oc, s)
+	return oc, ctx.Err()
+}
+
+func (b *bench) newRelay(kind string, cfg relayConfig) relay {
+	cfg.url = b.o.url
+	cfg.producers = b.o.producers
+	if kind == "wm" {
+		return newWmRelay(cfg)
+	}
+	return newTxoRelay(cfg)
+}
+
+func ratio(a, w float64) string {
+	if a <= 0 || w <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", a/w)
+}
+
+func rate(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f/s", v)
+}
+
+func onOff(v bool) string {
+	if v {
+		return "on"
+	}
+	return "off"
+}
+
+func (b *bench) drain(ctx context.Context) error {
+	wmCache := map[string]outcome{}
+	for _, lat := range b.o.latencies {
+		for _, batch := range b.o.batches {
+			for _, fw := range b.o.forwarders {
+				for _, strict := range b.o.stricts {
+					conc := b.concurrencyFor(lat)
+					cfg := relayConfig{batch: batch, concurrency: conc, strict: strict, poll: b.o.poll, forwarders: fw}
+					b.progress("drain txoutbox latency=%s batch=%d forwarders=%d strict=%s", lat, batch, fw, onOff(strict))
+					t, err := b.drainRun(ctx, "txo", cfg, b.o.messages, lat)
+					if err != nil {
+						return err
+					}
+					wkey := fmt.Sprint(lat, batch, fw)
+					w, ok := wmCache[wkey]
+					if !ok {
+						n := b.o.messages
+						if lat > 0 {
+							n = min(n, b.o.wmLatMsgs)
+						}
+						b.progress("drain watermill latency=%s batch=%d forwarders=%d messages=%d", lat, batch, fw, n)
+						if w, err = b.drainRun(ctx, "wm", cfg, n, lat); err != nil {
+							return err
+						}
+						wmCache[wkey] = w
+					}
+					settings := fmt.Sprintf("latency=%s batch=%d fwd=%d strict=%s conc=%d", lat, batch, fw, onOff(strict), conc)
+					if w.n != t.n {
+						settings += fmt.Sprintf(" (wm %d msgs)", w.n)
+					}
+					b.rows = append(b.rows, row{
+						scenario: "drain", settings: settings,
+						txo: rate(t.rate), wm: rate(w.rate), ratio: ratio(t.rate, w.rate),
+						txoDL: t.dl(), wmDL: w.dl(),
+					})
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+// insert reports producer msgs/s: the median of the drain runs' fill phases,
+// or one fill per relay when drain did not run.
+func (b *bench) insert(ctx context.Context) error {
+	for _, kind := range []string{"txo", "wm"} {
+		if len(b.inserts[kind]) > 0 {
+			continue
+		}
+		cfg := relayConfig{batch: b.o.batches[0], strict: true, poll: b.o.poll, forwarders: 1}
+		cfg.name = b.name(kind)
+		r := b.newRelay(kind, cfg)
+		if err := r.Setup(ctx); err != nil {
+			return errors.Join(err, r.Teardown(context.WithoutCancel(ctx)))
+		}
+		v, err := b.produce(ctx, r, b.o.messages, false)
+		if err = errors.Join(err, r.Teardown(context.WithoutCancel(ctx))); err != nil {
+			return err
+		}
+		b.inserts[kind] = append(b.inserts[kind], v)
+	}
+	t, w := median(b.inserts["txo"]), median(b.inserts["wm"])
+	b.rows = append(b.rows, row{
+		scenario: "insert", settings: fmt.Sprintf("producers=%d per-tx=%d (median of %d runs)", b.o.producers, b.o.perTx, len(b.inserts["txo"])),
+		txo: rate(t), wm: rate(w), ratio: ratio(t, w), txoDL: "-", wmDL: "-",
+	})
+	return nil
+}
+
+// together runs the producers with the forwarders already running and
+// returns delivered msgs/s over the whole run.
+func (b *bench) together(ctx context.Context, kind string, cfg relayConfig, n int, latency time.Duration, paced bool) (oc outcome, err error) {
+	cfg.name = b.name(kind)
+	r := b.newRelay(kind, cfg)
+	defer func() { err = errors.Join(err, r.Teardown(context.WithoutCancel(ctx))) }()
+	if err := r.Setup(ctx); err != nil {
+		return oc, err
+	}
+	s := newSink(n, b.o.keys, latency, true)
+	stop, err := r.Start(ctx, s)
+	if err != nil {
+		return oc, err
+	}
+	start := time.Now()
+	if paced {
+		err = b.produceAt(ctx, r, n, b.o.rate)
+	} else {
+		oc.insert, err = b.produce(ctx, r, n, true)
+	}
+	if err == nil {
+		b.await(ctx, s)
+	}
+	stop()
+	if err != nil {
+		return oc, err
+	}
+	oc.n = n
+	if at := s.doneAt.Load(); at > 0 {
+		oc.rate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
+	}
+	b.finish(&oc, s)
+	return oc, ctx.Err()
+}
+
+func (b *bench) steady(ctx context.Context) error {
+	for _, batch := range b.o.batches {
+		for _, fw := range b.o.forwarders {
+			conc := b.concurrencyFor(0)
+			cfg := relayConfig{batch: batch, concurrency: conc, strict: true, poll: b.o.poll, forwarders: fw}
+			b.progress("steady txoutbox batch=%d forwarders=%d", batch, fw)
+			t, err := b.together(ctx, "txo", cfg, b.o.messages, 0, false)
+			if err != nil {
+				return err
+			}
+			b.progress("steady watermill batch=%d forwarders=%d", batch, fw)
+			w, err := b.together(ctx, "wm", cfg, b.o.messages, 0, false)
+			if err != nil {
+				return err
+			}
+			b.rows = append(b.rows, row{
+				scenario: "steady", settings: fmt.Sprintf("latency=0 batch=%d fwd=%d strict=on conc=%d; p99 lag txo %s, wm %s", batch, fw, conc, t.p99.Round(time.Millisecond), w.p99.Round(time.Millisecond)),
+				txo: rate(t.rate), wm: rate(w.rate), ratio: ratio(t.rate, w.rate), txoDL: t.dl(), wmDL: w.dl(),
+			})
+		}
+	}
+	return nil
+}
+
+func (b *bench) latency(ctx context.Context) error {
+	n := max(int(float64(b.o.rate)*b.o.duration.Seconds()), b.o.perTx)
+	batch := b.o.batches[0]
+	// txoutbox idles long between polls: the wake-ups come from NOTIFY.
+	cfg := relayConfig{batch: batch, concurrency: b.concurrencyFor(0), strict: true, notify: true, poll: time.Second, forwarders: 1}
+	b.progress("latency txoutbox (LISTEN/NOTIFY, poll 1s) rate=%d/s for %s", b.o.rate, b.o.duration)
+	t, err := b.together(ctx, "txo", cfg, n, 0, true)
+	if err != nil {
+		return err
+	}
+	var best outcome
+	var bestPoll time.Duration
+	for _, poll := range b.o.wmPolls {
+		wcfg := cfg
+		wcfg.notify, wcfg.poll = false, poll
+		b.progress("latency watermill poll=%s rate=%d/s for %s", poll, b.o.rate, b.o.duration)
+		w, err := b.together(ctx, "wm", wcfg, n, 0, true)
+		if err != nil {
+			return err
+		}
+		if bestPoll == 0 || w.p99 < best.p99 {
+			best, bestPoll = w, poll
+		}
+	}
+	settings := fmt.Sprintf("rate=%d/s %s batch=%d; txo NOTIFY (poll 1s), wm poll %s", b.o.rate, b.o.duration, batch, bestPoll)
+	b.rows = append(b.rows,
+		row{scenario: "latency p50", settings: settings, txo: ms(t.p50), wm: ms(best.p50), ratio: ratio(best.p50.Seconds(), t.p50.Seconds()) + " faster", txoDL: t.dl(), wmDL: best.dl()},
+		row{scenario: "latency p99", settings: settings, txo: ms(t.p99), wm: ms(best.p99), ratio: ratio(best.p99.Seconds(), t.p99.Seconds()) + " faster", txoDL: t.dl(), wmDL: best.dl()},
+	)
+	return nil
+}
+
+func ms(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+}

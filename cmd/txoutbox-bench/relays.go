@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/storage/postgres"
+)
+
+// destTopic is the topic both relays re-publish to.
+const destTopic = "bench_orders"
+
+// relayConfig is one relay set-up of one run.
+type relayConfig struct {
+	url         string
+	name        string // unique table base name
+	batch       int
+	concurrency int // txoutbox only
+	strict      bool
+	notify      bool          // txoutbox: LISTEN/NOTIFY wake-ups
+	poll        time.Duration // idle poll interval
+	producers   int
+	forwarders  int
+}
+
+// relay is one system under test.
+type relay interface {
+	// Setup creates the tables.
+	Setup(ctx context.Context) error
+	// PublishTx writes msgs in one transaction through the relay's
+	// transactional publisher and commits.
+	PublishTx(ctx context.Context, msgs []*message.Message) error
+	// Start runs the configured number of forwarders into target until stop.
+	Start(ctx context.Context, target message.Publisher) (stop func(), err error)
+	// Teardown drops the tables and closes the connections.
+	Teardown(ctx context.Context) error
+}
+
+// ---- txoutbox ----
+
+type txoRelay struct {
+	cfg      relayConfig
+	prodPool *pgxpool.Pool
+	fwdPool  *pgxpool.Pool
+	store    *postgres.Storage
+	pub      *txoutbox.Publisher
+}
+
+func newPool(ctx context.Context, url string, conns int) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	pc.MaxConns = int32(conns)
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
+func newTxoRelay(cfg relayConfig) *txoRelay { return &txoRelay{cfg: cfg} }
+
+func (r *txoRelay) Setup(ctx context.Context) error {
+	var err error
+	if r.prodPool, err = newPool(ctx, r.cfg.url, max(r.cfg.producers, 1)+1); err != nil {
+		return err
+	}
+	if r.fwdPool, err = newPool(ctx, r.cfg.url, 2*max(r.cfg.forwarders, 1)+1); err != nil {
+		return err
+	}
+	pc := postgres.Config{Table: r.cfg.name, DisableStrictOrdering: !r.cfg.strict}
+	if r.cfg.notify {
+		pc.NotifyChannel = r.cfg.name
+	}
+	if r.store, err = postgres.New(r.fwdPool, pc); err != nil {
+		return err
+	}
+	if err := r.store.CreateSchema(ctx); err != nil {
+		return err
+	}
+	r.pub, err = txoutbox.NewPublisher(r.store, txoutbox.PublisherConfig{})
+	return err
+}
+
+func (r *txoRelay) PublishTx(ctx context.Context, msgs []*message.Message) error {
+	tx, err := r.prodPool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if err := r.pub.Bind(tx).Publish(destTopic, msgs...); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+func (r *txoRelay) Start(ctx context.Context, target message.Publisher) (func(), error) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var fwds []*txoutbox.Forwarder
+	for i := range max(r.cfg.forwarders, 1) {
+		f, err := txoutbox.NewForwarder(r.store, target, txoutbox.ForwarderConfig{
+			BatchSize:   r.cfg.batch,
+			Concurrency: r.cfg.concurrency,
+			WorkerID:    fmt.Sprintf("bench-%d", i),
+			PollMin:     r.cfg.poll,
+			PollMax:     max(r.cfg.poll, 100*time.Millisecond),
+		}, nil)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		fwds = append(fwds, f)
+	}
+	for _, f := range fwds {
+		wg.Go(func() { _ = f.Run(ctx) })
+	}
+	if r.cfg.notify {
+		wg.Go(func() {
+			_ = r.store.Listen(ctx, func() {
+				for _, f := range fwds {
+					f.Wake()
+				}
+			})
+		})
+	}
+	return func() { cancel(); wg.Wait() }, nil
+}
+
+func (r *txoRelay) Teardown(ctx context.Context) error {
+	var err error
+	if r.fwdPool != nil {
+		fn := pgx.Identifier{r.cfg.name + "_notify"}.Sanitize()
+		_, err = r.fwdPool.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s; DROP FUNCTION IF EXISTS %s()",
+			pgx.Identifier{r.cfg.name}.Sanitize(), fn), pgx.QueryExecModeSimpleProtocol)
+		r.fwdPool.Close()
+	}
+	if r.prodPool != nil {
+		r.prodPool.Close()
+	}
+	return err
+}
+
+// ---- Watermill components/forwarder over watermill-sql ----
+
+type wmRelay struct {
+	cfg     relayConfig
+	prodDB  *sql.DB
+	fwdDB   *sql.DB
+	schema  wmsql.DefaultPostgreSQLSchema
+	offsets wmsql.DefaultPostgreSQLOffsetsAdapter
+	topic   string
+}
+
+func newWmRelay(cfg relayConfig) *wmRelay {
+	r := &wmRelay{cfg: cfg, topic: cfg.name}
+	r.schema = wmsql.DefaultPostgreSQLSchema{
+		GenerateMessagesTableName: func(string) string { return pgx.Identifier{cfg.name}.Sanitize() },
+		SubscribeBatchSize:        cfg.batch,
+	}
+	r.offsets = wmsql.DefaultPostgreSQLOffsetsAdapter{
+		GenerateMessagesOffsetsTableName: func(string) string { return pgx.Identifier{cfg.name + "_offsets"}.Sanitize() },
+	}
+	return r
+}
+
+func openDB(url string, conns int) (*sql.DB, error) {
+	pc, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	db := stdlib.OpenDB(*pc)
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	return db, nil
+}
+
+func (r *wmRelay) Setup(ctx context.Context) error {
+	var err error
+	if r.prodDB, err = openDB(r.cfg.url, max(r.cfg.producers, 1)+1); err != nil {
+		return err
+	}
+	if r.fwdDB, err = openDB(r.cfg.url, 2*max(r.cfg.forwarders, 1)+1); err != nil {
+		return err
+	}
+	sub, err := r.subscriber()
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	if err := sub.SubscribeInitialize(r.topic); err != nil {
+		return fmt.Errorf("initialize watermill-sql schema: %w", err)
+	}
+	return nil
+}
+
+func (r *wmRelay) subscriber() (*wmsql.Subscriber, error) {
+	return wmsql.NewSubscriber(r.fwdDB, wmsql.SubscriberConfig{
+		ConsumerGroup:  "bench",
+		PollInterval:   r.cfg.poll,
+		ResendInterval: r.cfg.poll,
+		SchemaAdapter:  r.schema,
+		OffsetsAdapter: r.offsets,
+	}, watermill.NopLogger{})
+}
+
+func (r *wmRelay) PublishTx(ctx context.Context, msgs []*message.Message) error {
+	tx, err := r.prodDB.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	p, err := wmsql.NewPublisher(tx, wmsql.PublisherConfig{SchemaAdapter: r.schema}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	if err := forwarder.NewPublisher(p, forwarder.PublisherConfig{ForwarderTopic: r.topic}).Publish(destTopic, msgs...); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func (r *wmRelay) Start(ctx context.Context, target message.Publisher) (func(), error) {
+	var fwds []*forwarder.Forwarder
+	var subs []*wmsql.Subscriber
+	closeAll := func() {
+		for _, f := range fwds {
+			_ = f.Close()
+		}
+		for _, s := range subs {
+			_ = s.Close()
+		}
+	}
+	for range max(r.cfg.forwarders, 1) {
+		sub, err := r.subscriber()
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		subs = append(subs, sub)
+		f, err := forwarder.NewForwarder(sub, target, watermill.NopLogger{}, forwarder.Config{ForwarderTopic: r.topic})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		fwds = append(fwds, f)
+	}
+	var wg sync.WaitGroup
+	for _, f := range fwds {
+		wg.Go(func() { _ = f.Run(ctx) })
+	}
+	for _, f := range fwds {
+		select {
+		case <-f.Running():
+		case <-time.After(10 * time.Second):
+			closeAll()
+			wg.Wait()
+			return nil, errors.New("watermill forwarder did not start within 10s")
+		}
+	}
+	return func() { closeAll(); wg.Wait() }, nil
+}
+
+func (r *wmRelay) Teardown(ctx context.Context) error {
+	var err error
+	if r.fwdDB != nil {
+		_, err = r.fwdDB.ExecContext(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s",
+			pgx.Identifier{r.cfg.name}.Sanitize(), pgx.Identifier{r.cfg.name + "_offsets"}.Sanitize()))
+		_ = r.fwdDB.Close()
+	}
+	if r.prodDB != nil {
+		_ = r.prodDB.Close()
+	}
+	return err
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// metaSent holds when the producer called Publish inside its transaction
+// (unix nanoseconds): the start of the commit-to-publish latency.
+const metaSent = "bench_sent"
+
+// sink is the broker both relays publish to: it sleeps the simulated broker
+// latency once per Publish call and counts every delivery by message index,
+// so losses, duplicates and per-key reorders can be counted exactly.
+type sink struct {
+	latency time.Duration
+	keys    int
+
+	counts   []atomic.Int32 // deliveries per message index
+	lastIdx  []atomic.Int64 // highest index delivered per key
+	unique   atomic.Int64
+	total    atomic.Int64
+	reorders atomic.Int64
+	bad      atomic.Int64 // UUIDs the bench did not produce
+
+	target   int64
+	done     chan struct{}
+	doneOnce sync.Once
+	doneAt   atomic.Int64 // unix nanos of the delivery that completed the target
+
+	recordLatency bool
+	mu            sync.Mutex
+	latencies     []time.Duration
+}
+
+func newSink(n, keys int, latency time.Duration, recordLatency bool) *sink {
+	s := &sink{
+		latency:       latency,
+		keys:          keys,
+		counts:        make([]atomic.Int32, n),
+		target:        int64(n),
+		done:          make(chan struct{}),
+		recordLatency: recordLatency,
+	}
+	if keys > 0 {
+		s.lastIdx = make([]atomic.Int64, keys)
+		for i := range s.lastIdx {
+			s.lastIdx[i].Store(-1)
+		}
+	}
+	if n == 0 {
+		close(s.done)
+	}
+	return s
+}
+
+// Publish implements message.Publisher.
+func (s *sink) Publish(_ string, msgs ...*message.Message) error {
+	if s.latency > 0 {
+		time.Sleep(s.latency)
+	}
+	now := time.Now()
+	for _, m := range msgs {
+		idx, ok := parseUUID(m.UUID)
+		if !ok || idx >= len(s.counts) {
+			s.bad.Add(1)
+			continue
+		}
+		s.total.Add(1)
+		if s.keys > 0 {
+			last := &s.lastIdx[idx%s.keys]
+			for {
+				cur := last.Load()
+				if int64(idx) < cur {
+					s.reorders.Add(1)
+					break
+				}
+				if last.CompareAndSwap(cur, int64(idx)) {
+					break
+				}
+			}
+		}
+		if s.recordLatency {
+			if sent, err := strconv.ParseInt(m.Metadata.Get(metaSent), 10, 64); err == nil {
+				s.mu.Lock()
+				s.latencies = append(s.latencies, now.Sub(time.Unix(0, sent)))
+				s.mu.Unlock()
+			}
+		}
+		if s.counts[idx].Add(1) == 1 && s.unique.Add(1) == s.target {
+			s.doneOnce.Do(func() {
+				s.doneAt.Store(time.Now().UnixNano())
+				close(s.done)
+			})
+		}
+	}
+	return nil
+}
+
+// Close implements message.Publisher.
+func (s *sink) Close() error { return nil }
+
+// losses counts messages never delivered.
+func (s *sink) losses() int64 { return s.target - s.unique.Load() }
+
+// duplicates counts deliveries beyond the first of each message.
+func (s *sink) duplicates() int64 { return s.total.Load() - s.unique.Load() }
+
+// makeUUID encodes a message index as a UUID-shaped string (36 bytes, so it
+// fits watermill-sql's VARCHAR(36)).
+func makeUUID(i int) string {
+	const prefix = "00000000-0000-4000-8000-"
+	b := make([]byte, 0, 36)
+	b = append(b, prefix...)
+	d := strconv.Itoa(i)
+	for range 12 - len(d) {
+		b = append(b, '0')
+	}
+	return string(append(b, d...))
+}
+
+func parseUUID(u string) (int, bool) {
+	if len(u) != 36 || u[:24] != "00000000-0000-4000-8000-" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(u[24:])
+	return n, err == nil && n >= 0
+}
