@@ -31,7 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-		"text/tabwriter"
+	"text/tabwriter"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -163,10 +163,21 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		delete(o.scenarios, "rss")
 	}
 	if o.quick {
-		o.messages, o.keys, o.rate, o.duration = 1000, 100, 500, time.Second
-		o.rssRows, o.rssDrain, o.wmLatMsgs = 20000, 5000, 300
-		o.batches, o.forwarders = []int{100}, []int{1, 2}
-		o.wmPolls = []time.Duration{10 * time.Millisecond}
+		// Small sizes for the flags not given explicitly.
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		quick := map[string]func(){
+			"messages": func() { o.messages = 1000 }, "keys": func() { o.keys = 100 },
+			"rate": func() { o.rate = 500 }, "duration": func() { o.duration = time.Second },
+			"rss-rows": func() { o.rssRows = 20000 }, "rss-drain": func() { o.rssDrain = 5000 },
+			"wm-latency-messages": func() { o.wmLatMsgs = 300 }, "batch": func() { o.batches = []int{100} },
+			"forwarders": func() { o.forwarders = []int{1, 2} }, "wm-poll": func() { o.wmPolls = []time.Duration{10 * time.Millisecond} },
+		}
+		for name, apply := range quick {
+			if !set[name] {
+				apply()
+			}
+		}
 	}
 	for _, v := range append(append([]int{o.messages, o.perTx, o.producers, o.rate}, o.batches...), o.forwarders...) {
 		if v <= 0 {

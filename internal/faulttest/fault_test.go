@@ -380,6 +380,9 @@ func (s *suite) injectFaults(duration time.Duration, minKills int) {
 	}
 	if restart.enabled && !restart.ran {
 		msg := "PostgreSQL restart not injected: " + restart.note
+		if os.Getenv("TXOUTBOX_FAULT_PG_RESTART") == "require" {
+			s.t.Error(msg + " (TXOUTBOX_FAULT_PG_RESTART=require)")
+		}
 		s.t.Log(msg)
 		s.addFault(fault{Kind: kindPGRestart + " (skipped)", At: time.Now(), Restored: time.Now(), Detail: restart.note})
 	}

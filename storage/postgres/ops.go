@@ -18,7 +18,7 @@ type queries struct {
 	lock                                  string
 }
 
-func buildQueries(t string, strict bool, visibility time.Duration) queries {
+func buildQueries(t string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
 	// A row is claimable when it is pending, due and not under a live lease.
 	due := "o.due_at <= now() AND (o.leased_until IS NULL OR o.leased_until <= now())"
 	if visibility > 0 {
@@ -26,25 +26,38 @@ func buildQueries(t string, strict bool, visibility time.Duration) queries {
 	}
 	hold := ""
 	if strict {
-		// Held back: an earlier pending row of the same key that is not claimable
-		// now. It is read from the statement's snapshot, taken after the advisory
+		// Held back: an earlier pending row of the same key that is not
+		// claimable now. The statement's snapshot is taken after the advisory
 		// lock was granted by the previous statement of the batch, so it sees
 		// every committed claim.
 		//
 		// Only a leased row (leased_until set) or a row rescheduled past its
 		// creation (due_at > created_at: due_at > now() >= created_at) can be
-		// unclaimable, and the partial (key, id) index holds only those rows;
-		// the first condition repeats its predicate so the planner uses it.
+		// unclaimable, and the partial (key, id) index holds only those rows.
+		// The InitPlan reads them once per claim into a map key -> the lowest
+		// unclaimable id of that key (a few hundred or thousand entries: the
+		// rows leased by all workers plus those waiting for a retry); a
+		// candidate is held back when its key maps to a lower id. Each
+		// candidate then costs one map lookup instead of an index probe and a
+		// heap recheck, which is what a worker walking rows held by others
+		// pays for.
 		//
 		// The visibility delay needs no clause here: created_at is taken at
 		// insert (clock_timestamp), so an earlier id is never younger than a
 		// row that is old enough to claim.
 		hold = fmt.Sprintf(`
-      AND (o.key = '' OR NOT EXISTS (
-          SELECT 1 FROM %s e
-          WHERE e.status = 'pending' AND e.key = o.key AND e.key <> '' AND e.id < o.id
-            AND (e.leased_until IS NOT NULL OR e.due_at > e.created_at)
-            AND (e.due_at > now() OR e.leased_until > now())))`, t)
+      AND (o.key = '' OR o.id < COALESCE((
+          (SELECT jsonb_object_agg(h.key, h.first) FROM (
+              SELECT e.key, min(e.id) AS first FROM %s e
+              WHERE e.status = 'pending' AND e.key <> ''
+                AND (e.leased_until IS NOT NULL OR e.due_at > e.created_at)
+                AND (e.due_at > now() OR e.leased_until > now())
+              GROUP BY e.key) h) ->> o.key)::bigint, 9223372036854775807))`, t)
+	}
+	ack := fmt.Sprintf(`UPDATE %s SET status = 'delivered', delivered_at = now(), leased_by = NULL, leased_until = NULL
+WHERE id = ANY($1) AND leased_by = $2 AND status = 'pending'`, t)
+	if deleteOnAck {
+		ack = fmt.Sprintf(`DELETE FROM %s WHERE id = ANY($1) AND leased_by = $2 AND status = 'pending'`, t)
 	}
 	return queries{
 		// id = ANY(ARRAY(...)) keeps the primary-key plan; id IN (SELECT ...)
@@ -61,8 +74,7 @@ WHERE id = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED))
 RETURNING id, uuid, topic, key, payload, metadata, attempts, created_at`, t, due, hold),
 
-		ack: fmt.Sprintf(`UPDATE %s SET status = 'delivered', delivered_at = now(), leased_by = NULL, leased_until = NULL
-WHERE id = ANY($1) AND leased_by = $2 AND status = 'pending'`, t),
+		ack: ack,
 
 		nack: fmt.Sprintf(`UPDATE %s SET leased_by = NULL, leased_until = NULL, last_error = $3, due_at = $4
 WHERE id = $1 AND leased_by = $2 AND status = 'pending'`, t),

@@ -44,6 +44,14 @@ type Config struct {
 	// producer transaction. Defaults to 0 (no delay); must not be negative.
 	VisibilityDelay time.Duration
 
+	// DeleteOnAck makes Ack delete delivered rows instead of marking them
+	// delivered. It writes less per message (no new row version, no entry in
+	// the delivered index), so forwarding is faster, but delivered rows are
+	// gone at once: [Storage.Stats] then reports Delivered as 0 and
+	// [Storage.Purge] has nothing to delete. Dead-lettered rows are kept
+	// either way. Defaults to false.
+	DeleteOnAck bool
+
 	// NotifyChannel, when set, adds to the schema a trigger that sends a
 	// notification on this channel after every insert statement, and enables
 	// [Storage.Listen]. Same rules as a Table part. Defaults to "" (no trigger).
@@ -155,7 +163,7 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 	h := fnv.New64a()
 	h.Write([]byte("txoutbox claim " + s.table))
 	s.lockKey = int64(h.Sum64())
-	s.q = buildQueries(s.table, !config.DisableStrictOrdering, config.VisibilityDelay)
+	s.q = buildQueries(s.table, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
 	return s, nil
 }
 

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestMain lets the test binary act as the rss scenario's child process, as
+// the bench binary does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == childRSSArg {
+		if err := childRSS(os.Args[2:]); err != nil {
+			os.Stderr.WriteString("child: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func databaseURL(t *testing.T) string {
+	t.Helper()
+	url := cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("PostgreSQL not reachable at %s: %v", url, err)
+		}
+		t.Skipf("PostgreSQL not reachable (%v); start it with: pg_ctlcluster --skip-systemctl-redirect 15 main start", err)
+	}
+	_ = conn.Close(ctx)
+	return url
+}
+
+// TestQuickRunsEveryScenario runs the -quick smoke workload end to end: both
+// relays, every scenario, no loss, and the tables dropped afterwards.
+func TestQuickRunsEveryScenario(t *testing.T) {
+	url := databaseURL(t)
+	o, err := parseFlags([]string{"-quick", "-url", url, "-latency", "0,1ms", "-forwarders", "1,2", "-strict", "on"}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	code, err := run(t.Context(), o, &out)
+	if err != nil || code != 0 {
+		t.Fatalf("run = %d, %v; output:\n%s", code, err, out.String())
+	}
+	text := out.String()
+	for _, want := range []string{"drain", "insert", "steady", "latency p99", "peak RSS", "MiB"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "FAIL") {
+		t.Errorf("output reports a failure:\n%s", text)
+	}
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.WithoutCancel(t.Context()))
+	var left int
+	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE tablename LIKE $1`,
+		"bench\\_%\\_"+strconv.Itoa(os.Getpid())+"\\_%").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d bench tables left behind", left)
+	}
+}
+
+func messageWithUUID(uuid string) *message.Message { return message.NewMessage(uuid, nil) }
+
+func TestSinkCountsLossesDuplicatesAndReorders(t *testing.T) {
+	s := newSink(4, 2, 0, false)
+	pub := func(i int) {
+		if err := s.Publish("t", messageWithUUID(makeUUID(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub(0)
+	pub(2)
+	pub(2) // duplicate
+	pub(1)
+	if got := s.losses(); got != 1 {
+		t.Errorf("losses = %d, want 1 (message 3 never came)", got)
+	}
+	if got := s.duplicates(); got != 1 {
+		t.Errorf("duplicates = %d, want 1", got)
+	}
+	pub(3)
+	select {
+	case <-s.done:
+	default:
+		t.Error("sink not done after every message came")
+	}
+	// key 0 saw 0, 2, 2: the repeated 2 is not a reorder; key 1 saw 1, 3.
+	if got := s.reorders.Load(); got != 0 {
+		t.Errorf("reorders = %d, want 0", got)
+	}
+	pub(1) // key 1 after 3: a reorder
+	if got := s.reorders.Load(); got != 1 {
+		t.Errorf("reorders = %d, want 1", got)
+	}
+	if err := s.Publish("t", messageWithUUID("not-ours")); err != nil || s.bad.Load() != 1 {
+		t.Errorf("foreign UUID: err %v, bad %d", err, s.bad.Load())
+	}
+}
+
+func TestPlanKeepsEachKeyOnOneProducerInOrder(t *testing.T) {
+	b := &bench{o: options{producers: 3, perTx: 4, keys: 5}}
+	owner := map[int]int{}
+	seen := 0
+	for p, txs := range b.plan(100) {
+		last := map[int]int{}
+		for _, tx := range txs {
+			if len(tx) > 4 {
+				t.Fatalf("transaction of %d messages, per-tx is 4", len(tx))
+			}
+			for _, i := range tx {
+				seen++
+				k := i % 5
+				if o, ok := owner[k]; ok && o != p {
+					t.Fatalf("key %d on producers %d and %d", k, o, p)
+				}
+				owner[k] = p
+				if l, ok := last[k]; ok && i <= l {
+					t.Fatalf("key %d: message %d after %d", k, i, l)
+				}
+				last[k] = i
+			}
+		}
+	}
+	if seen != 100 {
+		t.Errorf("planned %d messages, want 100", seen)
+	}
+}
+
+func TestParseFlagsRejectsBadInput(t *testing.T) {
+	for _, args := range [][]string{
+		{"-latency", "fast"}, {"-batch", "0"}, {"-strict", "maybe"}, {"-scenarios", "nope"}, {"extra"},
+	} {
+		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
+			t.Errorf("parseFlags(%q) succeeded", args)
+		}
+	}
+	o, err := parseFlags([]string{"-quick", "-messages", "77", "-skip-rss"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.messages != 77 || o.keys != 100 || o.scenarios["rss"] {
+		t.Errorf("-quick with -messages 77 -skip-rss: messages %d keys %d rss %v", o.messages, o.keys, o.scenarios["rss"])
+	}
+}
