@@ -61,6 +61,7 @@ type options struct {
 	rssDrain    int
 	runTimeout  time.Duration
 	quick       bool
+	deleteOnAck bool
 }
 
 func main() {
@@ -117,7 +118,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.rssDrain, "rss-drain", 200_000, "rows the rss child forwards before its peak RSS is read")
 	fs.BoolVar(&skipRSS, "skip-rss", false, "skip the rss scenario (inserting its backlog takes a while)")
 	fs.DurationVar(&o.runTimeout, "run-timeout", 5*time.Minute, "bound on each run; a run that outlives it counts its undelivered messages as lost")
-	fs.BoolVar(&o.quick, "quick", false, "tiny smoke workload (overrides sizes)")
+	fs.BoolVar(&o.quick, "quick", false, "tiny smoke workload (small sizes for the flags not given)")
+	fs.BoolVar(&o.deleteOnAck, "delete-on-ack", false, "txoutbox: postgres.Config.DeleteOnAck (delete delivered rows instead of marking them)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -232,8 +234,8 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 		b.payload[i] = byte('a' + rand.IntN(26))
 	}
 	start := time.Now()
-	fmt.Fprintf(out, "txoutbox-bench %s: messages=%d keys=%d payload=%dB per-tx=%d producers=%d poll=%s\n",
-		start.Format(time.RFC3339), o.messages, o.keys, o.payload, o.perTx, o.producers, o.poll)
+	fmt.Fprintf(out, "txoutbox-bench %s: messages=%d keys=%d payload=%dB per-tx=%d producers=%d poll=%s delete-on-ack=%v\n",
+		start.Format(time.RFC3339), o.messages, o.keys, o.payload, o.perTx, o.producers, o.poll, o.deleteOnAck)
 	steps := []struct {
 		name string
 		fn   func(context.Context) error
@@ -494,6 +496,7 @@ func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n in
 func (b *bench) newRelay(kind string, cfg relayConfig) relay {
 	cfg.url = b.o.url
 	cfg.producers = b.o.producers
+	cfg.deleteOnAck = b.o.deleteOnAck
 	if kind == "wm" {
 		return newWmRelay(cfg)
 	}

@@ -34,6 +34,7 @@ type relayConfig struct {
 	poll        time.Duration // idle poll interval
 	producers   int
 	forwarders  int
+	deleteOnAck bool // txoutbox only
 }
 
 // relay is one system under test.
@@ -86,7 +87,7 @@ func (r *txoRelay) Setup(ctx context.Context) error {
 	if r.fwdPool, err = newPool(ctx, r.cfg.url, 2*max(r.cfg.forwarders, 1)+1); err != nil {
 		return err
 	}
-	pc := postgres.Config{Table: r.cfg.name, DisableStrictOrdering: !r.cfg.strict}
+	pc := postgres.Config{Table: r.cfg.name, DisableStrictOrdering: !r.cfg.strict, DeleteOnAck: r.cfg.deleteOnAck}
 	if r.cfg.notify {
 		pc.NotifyChannel = r.cfg.name
 	}
