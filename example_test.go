@@ -58,6 +58,7 @@ func ExampleForwarder() {
 	_ = tx.Commit()
 
 	broker := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil)
+	defer broker.Close()
 	received, _ := broker.Subscribe(ctx, "orders.placed")
 
 	forwarder, _ := txoutbox.NewForwarder(outbox, broker, txoutbox.ForwarderConfig{}, nil)
