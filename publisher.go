@@ -162,7 +162,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			if !ok {
 				return fmt.Errorf("publish to %q: message %d (%s): %w", topic, i, msg.UUID, ErrNoTransaction)
 			}
-			if other != tx {
+			if !sameTx(other, tx) {
 				return fmt.Errorf("publish to %q: message %d (%s): %w: its context holds another transaction than message 0", topic, i, msg.UUID, ErrInvalidMessage)
 			}
 		}
@@ -225,6 +225,17 @@ func (p *Publisher) record(topic string, msg *message.Message) (storage.Record, 
 		Payload:  msg.Payload,
 		Metadata: metadata,
 	}, nil
+}
+
+// sameTx reports whether a and b are the same transaction; a transaction type
+// that is not comparable is never the same (rather than a panic).
+func sameTx(a, b any) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
 }
 
 // validText reports whether s can be stored as SQL text: valid UTF-8 without NUL.
