@@ -112,7 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.rate, "rate", 1000, "offered load of the latency scenario, msgs/s")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of the latency scenario")
 	fs.StringVar(&wmPolls, "wm-poll", "1ms,10ms", "watermill poll intervals tried in the latency scenario; the best is reported (list)")
-	fs.IntVar(&o.wmLatMsgs, "wm-latency-messages", 10000, "cap on messages of watermill drains with broker latency (it forwards one at a time)")
+	fs.IntVar(&o.wmLatMsgs, "wm-latency-messages", 5000, "cap on messages of watermill drains with broker latency (it forwards one at a time)")
 	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,rss", "scenarios to run (list)")
 	fs.IntVar(&o.rssRows, "rss-rows", 1_000_000, "pending rows of the rss scenario")
 	fs.IntVar(&o.rssDrain, "rss-drain", 200_000, "rows the rss child forwards before its peak RSS is read")

@@ -22,11 +22,23 @@
 // the leases committed by the one before it. That serialises claims per table;
 // set [Config.DisableStrictOrdering] when order per key does not matter.
 //
-// The check itself reads a small partial index of leased and rescheduled rows,
-// so its cost does not grow with the backlog. What does grow is the walk over
-// rows that are held back: with a few hot keys and several workers, a worker
-// whose every key is held by others walks the whole pending backlog before it
-// comes back empty. Run fewer workers on such a table, or spread the keys.
+// The check reads a small partial index of leased and rescheduled rows once
+// per claim, into a map from key to the lowest unclaimable id of that key; each
+// candidate row then costs one lookup in that map. Neither part grows with the
+// backlog: the claim costs the same over 50 thousand pending rows as over a
+// million. What does grow is the walk over rows that are held back: a worker
+// whose every key is held by others walks the pending rows of those keys
+// before it comes back empty (about 2 µs a row). Keep BatchSize times the
+// number of forwarders below the number of keys in flight, or run fewer
+// forwarders on a table with a few hot keys.
+//
+// # Writes per message
+//
+// A message costs an insert, a claim (a new row version plus index entries)
+// and an ack (another row version). [Config.DeleteOnAck] makes the ack a
+// delete instead, which is cheaper (in this package's BenchmarkClaimAck, an
+// ack of 1000 rows went from about 17 ms to 6 ms) at the price of keeping no
+// delivered rows for [Storage.Stats] and [Storage.Purge].
 //
 // # Wake-ups
 //

@@ -14,7 +14,8 @@ import (
 const PurgeBatchSize = 1000
 
 // Stats implements [storage.StatsReader]. Each count reads one partial index;
-// the delivered count grows with the rows not yet purged.
+// the delivered count grows with the rows not yet purged, and is always 0 with
+// [Config.DeleteOnAck].
 func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 	q := fmt.Sprintf(`SELECT
     (SELECT count(*) FROM %[1]s WHERE status = 'pending'),
@@ -33,7 +34,8 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 
 // Purge implements [storage.Maintainer]: it deletes delivered rows delivered
 // more than olderThan ago, [PurgeBatchSize] per statement, until none is left.
-// On error it returns how many it had deleted so far.
+// On error it returns how many it had deleted so far. With [Config.DeleteOnAck]
+// there are no delivered rows to delete.
 func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("purge outbox %s: olderThan is %s: must be >= 0", s.table, olderThan)

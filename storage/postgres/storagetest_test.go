@@ -3,6 +3,7 @@ package postgres
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/txoutbox/txoutbox/storage"
 	"github.com/txoutbox/txoutbox/storage/storagetest"
@@ -17,18 +18,7 @@ func harness(config Config) storagetest.Harness {
 			return insert(t, s.(*Storage), records...)
 		},
 		Inspect: func(t *testing.T, s storage.Storage, id int64) storagetest.State {
-			ps := s.(*Storage)
-			if config.DeleteOnAck {
-				// An acked row is gone: report it as delivered.
-				var n int
-				if err := ps.pool.QueryRow(t.Context(), fmt.Sprintf("SELECT count(*) FROM %s WHERE id = $1", ps.table), id).Scan(&n); err != nil {
-					t.Fatalf("inspect record %d: %v", id, err)
-				}
-				if n == 0 {
-					return storagetest.State{Status: storage.StatusDelivered}
-				}
-			}
-			return storagetest.State(inspect(t, ps, id))
+			return storagetest.State(inspect(t, s.(*Storage), id))
 		},
 		StrictOrdering: !config.DisableStrictOrdering,
 		Parallel:       true,
@@ -45,7 +35,49 @@ func TestContractNotStrict(t *testing.T) {
 	storagetest.Run(t, harness(Config{DisableStrictOrdering: true}))
 }
 
-func TestContractDeleteOnAck(t *testing.T) {
+// TestDeleteOnAck checks what DeleteOnAck changes: an ack deletes the row
+// (still fenced on the worker), Stats counts no delivered rows and Purge finds
+// none, while nack and dead-letter keep theirs. Claims are the same code as
+// without it, which the contract suite covers.
+func TestDeleteOnAck(t *testing.T) {
 	t.Parallel()
-	storagetest.Run(t, harness(Config{DeleteOnAck: true}))
+	s := newStore(t, Config{DeleteOnAck: true})
+	ctx := t.Context()
+	ids := insert(t, s, recs("a", "b", "", "")...)
+	got := claim(t, s, "w", 10, time.Minute)
+	if len(got) != 4 {
+		t.Fatalf("claimed %v, want all 4", idsOf(got))
+	}
+	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "other"}))
+	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "w"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[2], WorkerID: "w", Error: "boom"}))
+	count := func(id int64) int {
+		var n int
+		must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE id = $1", s.table), id).Scan(&n))
+		return n
+	}
+	if count(ids[0]) != 0 || count(ids[1]) != 0 {
+		t.Errorf("acked rows still there")
+	}
+	if st := inspect(t, s, ids[2]); st.Status != storage.StatusDead {
+		t.Errorf("dead-lettered row: status %q, want dead", st.Status)
+	}
+	if st := inspect(t, s, ids[3]); st.Status != storage.StatusPending || st.LeasedBy != "w" {
+		t.Errorf("unacked row: %+v, want pending and leased by w", st)
+	}
+	// A stale worker's ack is fenced out: the row stays.
+	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[3:], WorkerID: "other"}))
+	if count(ids[3]) != 1 {
+		t.Error("ack by another worker deleted the row")
+	}
+	st, err := s.Stats(ctx)
+	must(t, err)
+	if st.Delivered != 0 || st.Pending != 1 || st.Dead != 1 {
+		t.Errorf("Stats = %+v, want 1 pending, 1 dead, 0 delivered", st)
+	}
+	n, err := s.Purge(ctx, 0)
+	must(t, err)
+	if n != 0 {
+		t.Errorf("Purge deleted %d rows, want 0", n)
+	}
 }
