@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -154,6 +155,9 @@ var (
 	// ErrInvalidRecord is returned by Insert for a record that cannot be stored
 	// (empty topic, invalid metadata, ...); nothing is written.
 	ErrInvalidRecord = errors.New("invalid outbox record")
+	// ErrInvalidRedrive is returned by Maintainer.Redrive for RedriveParams
+	// that do not select exactly one way.
+	ErrInvalidRedrive = errors.New("invalid redrive parameters")
 )
 
 // RedriveParams select dead-lettered records to put back to pending with
@@ -163,6 +167,15 @@ type RedriveParams struct {
 	IDs []int64
 	// Topic re-drives every dead-lettered record of this topic.
 	Topic string
+}
+
+// Validate reports an error wrapping ErrInvalidRedrive unless exactly one of
+// IDs or Topic is set.
+func (p RedriveParams) Validate() error {
+	if (len(p.IDs) == 0) == (p.Topic == "") {
+		return fmt.Errorf("%w: set exactly one of RedriveParams.IDs or RedriveParams.Topic", ErrInvalidRedrive)
+	}
+	return nil
 }
 
 // Maintainer is implemented by SQL storages: housekeeping for operators.

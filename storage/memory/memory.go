@@ -2,7 +2,6 @@ package memory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -310,9 +309,8 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 	return deleted, nil
 }
 
-// ErrInvalidRedrive is returned by [Storage.Redrive] unless exactly one of
-// IDs or Topic is set.
-var ErrInvalidRedrive = errors.New("set exactly one of RedriveParams.IDs or RedriveParams.Topic")
+// ErrInvalidRedrive is storage.ErrInvalidRedrive, kept under this name too.
+var ErrInvalidRedrive = storage.ErrInvalidRedrive
 
 // Redrive puts dead-lettered records back to pending with attempts reset and
 // no error, and returns how many it changed.
@@ -320,8 +318,8 @@ func (s *Storage) Redrive(ctx context.Context, params storage.RedriveParams) (in
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("redrive outbox records: %w", err)
 	}
-	if (len(params.IDs) == 0) == (params.Topic == "") {
-		return 0, fmt.Errorf("redrive outbox records: %w", ErrInvalidRedrive)
+	if err := params.Validate(); err != nil {
+		return 0, fmt.Errorf("redrive outbox records: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

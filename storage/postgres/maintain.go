@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -68,11 +67,12 @@ func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, 
 	set := fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL,
     due_at = now(), leased_by = NULL, leased_until = NULL
 WHERE status = 'dead' AND `, s.table)
+	if err := p.Validate(); err != nil {
+		return 0, fmt.Errorf("redrive outbox rows: %w", err)
+	}
 	var q string
 	var arg any
 	switch {
-	case len(p.IDs) > 0 && p.Topic != "", len(p.IDs) == 0 && p.Topic == "":
-		return 0, errors.New("redrive outbox rows: set exactly one of RedriveParams.IDs or RedriveParams.Topic")
 	case len(p.IDs) > 0:
 		q, arg = set+"id = ANY($1)", p.IDs
 	default:

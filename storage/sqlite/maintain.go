@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -77,8 +76,8 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 // Redrive implements [storage.Maintainer]: the selected dead-lettered records
 // become pending, due at once, with attempts and last error cleared.
 func (s *Storage) Redrive(ctx context.Context, params storage.RedriveParams) (int64, error) {
-	if (len(params.IDs) == 0) == (params.Topic == "") {
-		return 0, errors.New("redrive outbox records: set exactly one of IDs or Topic")
+	if err := params.Validate(); err != nil {
+		return 0, fmt.Errorf("redrive outbox records: %w", err)
 	}
 	set := fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL, due_at = 0,
     leased_by = NULL, leased_until = NULL WHERE status = 'dead' AND `, quote(s.table))

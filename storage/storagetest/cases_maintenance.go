@@ -1,6 +1,7 @@
 package storagetest
 
 import (
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -129,8 +130,8 @@ func testRedriveRejectsAmbiguous(t *testing.T, e *env) {
 	m := maintainer(t, e)
 	id := e.insert("")[0]
 	for _, p := range []storage.RedriveParams{{}, {IDs: []int64{id}, Topic: topic}} {
-		if _, err := m.Redrive(e.ctx, p); err == nil {
-			t.Errorf("Redrive(%+v) returned no error: exactly one of IDs or Topic must be set", p)
+		if _, err := m.Redrive(e.ctx, p); !errors.Is(err, storage.ErrInvalidRedrive) {
+			t.Errorf("Redrive(%+v) returned %v: exactly one of IDs or Topic must be set, else an error wrapping storage.ErrInvalidRedrive (see RedriveParams.Validate)", p, err)
 		}
 	}
 }
