@@ -330,8 +330,8 @@ func (r *round) run(records []storage.Record) {
 	groups := groupByKey(records)
 	r.groups = groups
 	lanes := min(r.f.config.Concurrency, len(groups))
-	if lanes == 1 && r.f.config.PublishTimeout <= 0 {
-		r.newLane(nil).work()
+	if lanes == 1 {
+		r.supervise()
 		return
 	}
 	var wg sync.WaitGroup

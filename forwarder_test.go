@@ -911,3 +911,35 @@ func TestForwarderOnOutcomeReportsEveryRecord(t *testing.T) {
 		})
 	}
 }
+
+// Without a publish timeout the lane runs on the round's own goroutine; its
+// published records must still be acked, with one lane or several.
+func TestForwarderAcksWithoutPublishTimeout(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			for _, concurrency := range []int{1, 4} {
+				s := b.new(t)
+				ids := b.insert(t, s, record("t", "k", "a"), record("t", "k", "b"), record("t", "", "c"))
+				cfg := fastConfig()
+				cfg.PublishTimeout = txoutbox.NoPublishTimeout
+				cfg.Concurrency = concurrency
+				f := newForwarder(t, s, newRecorder(), cfg)
+				res, err := f.RunOnce(context.Background())
+				if err != nil || res.Published != 3 {
+					t.Fatalf("concurrency %d: round %+v, %v: want 3 published and acked", concurrency, res, err)
+				}
+				if b.inspect != nil {
+					for _, id := range ids {
+						if st := b.inspect(t, s, id); st.Status != storage.StatusDelivered {
+							t.Errorf("concurrency %d: record %d is %s after the round, want delivered", concurrency, id, st.Status)
+						}
+					}
+				}
+				if res, err := f.RunOnce(context.Background()); err != nil || res.Claimed != 0 {
+					t.Errorf("concurrency %d: next round %+v, %v: want nothing left to claim", concurrency, res, err)
+				}
+			}
+		})
+	}
+}
