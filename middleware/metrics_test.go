@@ -221,8 +221,11 @@ txoutbox_forwarder_retried_total{attempt="1",topic="orders"} 2
 		t.Error(err)
 	}
 	failed := find(t, reg, publishDuration, map[string]string{"topic": "orders", "outcome": "failed"}).GetHistogram()
-	if failed.GetSampleCount() != 2 || failed.GetSampleSum() < timeout.Seconds() {
-		t.Errorf("failed durations: %d samples, %vs in all; want 2, at least the %s timeout", failed.GetSampleCount(), failed.GetSampleSum(), timeout)
+	// Watermill's Timeout starts its clock before the metrics middleware
+	// starts its own, so the hung try measures a little under the timeout;
+	// what matters is that the hang is in the histogram, not a 0s sample.
+	if minHang := 0.9 * timeout.Seconds(); failed.GetSampleCount() != 2 || failed.GetSampleSum() < minHang {
+		t.Errorf("failed durations: %d samples, %vs in all; want 2, at least %.3fs (the %s timeout less the time before the metrics clock starts)", failed.GetSampleCount(), failed.GetSampleSum(), minHang, timeout)
 	}
 	got := p.received()
 	if len(got) != 1 || got[0].Attempt != 1 {
