@@ -71,6 +71,7 @@ type sqlStore struct {
 	db    *sql.DB       // sqlite
 	pool  *pgxpool.Pool // postgres
 	table string
+	lease string // postgres: the lease table
 }
 
 func sqliteBackend() backend {
@@ -148,7 +149,7 @@ func newPostgresStorage(t *testing.T, pool *pgxpool.Pool, cfg postgres.Config) *
 	if err := s.CreateSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sqlStores.Store(storage.Storage(s), &sqlStore{pool: pool, table: schema + ".outbox"})
+	sqlStores.Store(storage.Storage(s), &sqlStore{pool: pool, table: schema + ".outbox", lease: s.LeaseTable()})
 	return s
 }
 
@@ -229,14 +230,16 @@ func idsOf(t *testing.T, s storage.Storage, n int) []int64 {
 func inspectSQL(t *testing.T, s storage.Storage, id int64) state {
 	t.Helper()
 	st := lookup(t, s)
-	q := "SELECT status, attempts, coalesce(last_error, ''), coalesce(leased_by, '') FROM " + st.table + " WHERE id = "
 	var out state
 	var status string
 	var err error
 	if st.db != nil {
-		err = st.db.QueryRow(q+"?", id).Scan(&status, &out.Attempts, &out.LastError, &out.LeasedBy)
+		q := "SELECT status, attempts, coalesce(last_error, ''), coalesce(leased_by, '') FROM " + st.table + " WHERE id = ?"
+		err = st.db.QueryRow(q, id).Scan(&status, &out.Attempts, &out.LastError, &out.LeasedBy)
 	} else {
-		err = st.pool.QueryRow(context.Background(), q+"$1", id).Scan(&status, &out.Attempts, &out.LastError, &out.LeasedBy)
+		q := "SELECT o.status, coalesce(l.attempts, o.attempts), coalesce(o.last_error, ''), coalesce(l.leased_by, '') FROM " +
+			st.table + " o LEFT JOIN " + st.lease + " l ON l.id = o.id WHERE o.id = $1"
+		err = st.pool.QueryRow(context.Background(), q, id).Scan(&status, &out.Attempts, &out.LastError, &out.LeasedBy)
 	}
 	if err != nil {
 		t.Fatalf("inspect record %d: %v", id, err)

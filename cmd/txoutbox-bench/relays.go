@@ -150,8 +150,8 @@ func (r *txoRelay) Teardown(ctx context.Context) error {
 	var err error
 	if r.fwdPool != nil {
 		fn := pgx.Identifier{r.cfg.name + "_notify"}.Sanitize()
-		_, err = r.fwdPool.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s; DROP FUNCTION IF EXISTS %s()",
-			pgx.Identifier{r.cfg.name}.Sanitize(), fn), pgx.QueryExecModeSimpleProtocol)
+		_, err = r.fwdPool.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s; DROP FUNCTION IF EXISTS %s()",
+			pgx.Identifier{r.cfg.name}.Sanitize(), pgx.Identifier{r.cfg.name + "_leases"}.Sanitize(), fn), pgx.QueryExecModeSimpleProtocol)
 		r.fwdPool.Close()
 	}
 	if r.prodPool != nil {

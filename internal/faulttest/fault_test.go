@@ -547,7 +547,7 @@ func (s *suite) afterKill(w *worker, f fault) {
 func (s *suite) leasedBy(worker string) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, "SELECT id FROM "+s.store.Table()+" WHERE leased_by = $1 AND status = 'pending' ORDER BY id", worker)
+	rows, err := s.pool.Query(ctx, "SELECT o.id FROM "+s.store.Table()+" o JOIN "+s.store.LeaseTable()+" l ON l.id = o.id WHERE l.leased_by = $1 AND o.status = 'pending' ORDER BY o.id", worker)
 	if err != nil {
 		return nil, err
 	}

@@ -190,8 +190,8 @@ func inspect(t testing.TB, s *Storage, id int64) rowState {
 	var attempts int32
 	var leasedUntil, dueAt *time.Time
 	var dueNow bool
-	err := s.pool.QueryRow(t.Context(), fmt.Sprintf(`SELECT status, attempts, COALESCE(last_error, ''), COALESCE(leased_by, ''),
-    leased_until, due_at, due_at <= now() FROM %s WHERE id = $1`, s.table), id).
+	err := s.pool.QueryRow(t.Context(), fmt.Sprintf(`SELECT o.status, COALESCE(l.attempts, o.attempts), COALESCE(o.last_error, ''), COALESCE(l.leased_by, ''),
+    l.leased_until, o.due_at, o.due_at <= now() FROM %s o LEFT JOIN %s l ON l.id = o.id WHERE o.id = $1`, s.table, s.leases), id).
 		Scan(&status, &attempts, &st.LastError, &st.LeasedBy, &leasedUntil, &dueAt, &dueNow)
 	if err != nil {
 		t.Fatalf("inspect record %d: %v", id, err)

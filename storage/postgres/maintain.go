@@ -18,10 +18,10 @@ const PurgeBatchSize = 1000
 func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 	q := fmt.Sprintf(`SELECT
     (SELECT count(*) FROM %[1]s WHERE status = 'pending'),
-    (SELECT count(*) FROM %[1]s WHERE status = 'pending' AND leased_until > now()),
+    (SELECT count(*) FROM %[2]s l JOIN %[1]s o ON o.id = l.id WHERE l.leased_until > now() AND o.status = 'pending'),
     (SELECT count(*) FROM %[1]s WHERE status = 'delivered'),
     (SELECT count(*) FROM %[1]s WHERE status = 'dead'),
-    COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM %[1]s WHERE status = 'pending'), 0)`, s.table)
+    COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM %[1]s WHERE status = 'pending'), 0)`, s.table, s.leases)
 	var st storage.Stats
 	var age float64
 	if err := s.pool.QueryRow(ctx, q).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age); err != nil {
@@ -65,7 +65,7 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 // back to pending, due now, with attempts 0 and no error.
 func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, error) {
 	set := fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL,
-    due_at = now(), leased_by = NULL, leased_until = NULL
+    due_at = now()
 WHERE status = 'dead' AND `, s.table)
 	if err := p.Validate(); err != nil {
 		return 0, fmt.Errorf("redrive outbox rows: %w", err)

@@ -18,11 +18,11 @@ type queries struct {
 	lock                                  string
 }
 
-func buildQueries(t string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
+func buildQueries(t, leases string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
 	// A row is claimable when it is pending, due and not under a live lease.
-	due := "o.due_at <= now() AND (o.leased_until IS NULL OR o.leased_until <= now())"
+	due := "o.due_at <= (SELECT t FROM clk)"
 	if visibility > 0 {
-		due += fmt.Sprintf(" AND o.created_at <= now() - interval '%d microseconds'", visibility.Microseconds())
+		due += fmt.Sprintf(" AND o.created_at <= (SELECT t FROM clk) - interval '%d microseconds'", visibility.Microseconds())
 	}
 	hold := ""
 	if strict {
@@ -31,16 +31,14 @@ func buildQueries(t string, strict bool, visibility time.Duration, deleteOnAck b
 		// lock was granted by the previous statement of the batch, so it sees
 		// every committed claim.
 		//
-		// Only a leased row (leased_until set) or a row rescheduled past its
+		// Only a leased row (in the lease table) or a row rescheduled past its
 		// creation (due_at > created_at: due_at > now() >= created_at) can be
-		// unclaimable, and the partial (key, id) index holds only those rows.
-		// The InitPlan reads them once per claim into a map key -> the lowest
-		// unclaimable id of that key (a few hundred or thousand entries: the
-		// rows leased by all workers plus those waiting for a retry); a
-		// candidate is held back when its key maps to a lower id. Each
-		// candidate then costs one map lookup instead of an index probe and a
-		// heap recheck, which is what a worker walking rows held by others
-		// pays for.
+		// unclaimable. The InitPlan reads both once per claim (the lease table
+		// holds only the rows in flight; the partial (key, id) index only the
+		// rescheduled ones) into a map key -> the lowest unclaimable id of that
+		// key, and a candidate is held back when its key maps to a lower id.
+		// Each candidate then costs one map lookup, however many rows of its
+		// key are pending.
 		//
 		// The visibility delay needs no clause here: created_at is taken at
 		// insert (clock_timestamp), so an earlier id is never younger than a
@@ -48,42 +46,81 @@ func buildQueries(t string, strict bool, visibility time.Duration, deleteOnAck b
 		hold = fmt.Sprintf(`
       AND (o.key = '' OR o.id < COALESCE((
           (SELECT jsonb_object_agg(h.key, h.first) FROM (
-              SELECT e.key, min(e.id) AS first FROM %s e
-              WHERE e.status = 'pending' AND e.key <> ''
-                AND (e.leased_until IS NOT NULL OR e.due_at > e.created_at)
-                AND (e.due_at > now() OR e.leased_until > now())
-              GROUP BY e.key) h) ->> o.key)::bigint, 9223372036854775807))`, t)
+              SELECT u.key, min(u.id) AS first FROM (
+                  SELECT l.key, l.id FROM %[2]s l
+                  WHERE l.leased_until > (SELECT t FROM clk) AND l.key <> ''
+                  UNION ALL
+                  SELECT e.key, e.id FROM %[1]s e
+                  WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)
+              ) u GROUP BY u.key) h) ->> o.key)::bigint, 9223372036854775807))`, t, leases)
 	}
-	ack := fmt.Sprintf(`UPDATE %s SET status = 'delivered', delivered_at = now(), leased_by = NULL, leased_until = NULL
-WHERE id = ANY($1) AND leased_by = $2 AND status = 'pending'`, t)
+	// Every write-back deletes the worker's lease and updates the outbox row
+	// in one statement: the lease is the fence (a lease taken over by another
+	// worker has another leased_by, so the write-back matches nothing), and
+	// its attempts, which count claims whose lease ran out, go to the row.
+	//
+	// The outbox rows are locked first, in id order, then the leases: a claim
+	// takes its rows in the same order (outbox row, then lease), so a
+	// write-back and a claim that takes over an expired lease of the same row
+	// wait for each other one way only and never deadlock. The DELETE
+	// re-reads a lease updated meanwhile, so a takeover committed while the
+	// write-back waited fences it out.
+	fenced := func(ids string, returning string) string {
+		return fmt.Sprintf(`WITH m AS (SELECT id FROM %s WHERE id %s AND status = 'pending' ORDER BY id FOR UPDATE),
+l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 RETURNING %s)
+`, t, ids, leases, returning)
+	}
+	ack := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'delivered', delivered_at = now(), attempts = l.attempts
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	if deleteOnAck {
-		ack = fmt.Sprintf(`DELETE FROM %s WHERE id = ANY($1) AND leased_by = $2 AND status = 'pending'`, t)
+		ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	}
 	return queries{
-		// id = ANY(ARRAY(...)) keeps the primary-key plan; id IN (SELECT ...)
-		// can turn into a scan of the whole table at large batch sizes.
-		claim: fmt.Sprintf(`UPDATE %[1]s SET
-    leased_by = $2,
-    leased_until = now() + $3::bigint * interval '1 microsecond',
-    attempts = attempts + 1
-WHERE id = ANY(ARRAY(
-    SELECT o.id FROM %[1]s o
-    WHERE o.status = 'pending' AND %[2]s%[3]s
+		// "Now" is one clock reading taken once the statement runs, after
+		// its snapshot (and, with strict ordering, after the advisory lock):
+		// not now(), the start of the transaction, which with strict ordering
+		// is when the claimer began to wait for the lock. With that stale
+		// now() a row committed meanwhile could be visible but not yet due
+		// (its due_at is its producer's transaction start) while a later row
+		// of its key, from a transaction that began earlier, was due: the
+		// later row was handed out first. Every visible row committed before
+		// this reading, so its default due time is behind it.
+		//
+		// The candidates are read with the columns handed out (no second
+		// visit of the outbox rows), locked so that a concurrent write-back
+		// or claim is skipped, and leased by inserting into the lease table.
+		// ON CONFLICT takes over a lease only once it has run out, judged on
+		// the latest committed lease, so two claimers never both hold a row
+		// even when one's snapshot predates the other's commit.
+		claim: fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
+c AS MATERIALIZED (
+    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
+    WHERE o.status = 'pending' AND %[3]s
+      AND NOT EXISTS (SELECT 1 FROM %[2]s x WHERE x.id = o.id AND x.leased_until > (SELECT t FROM clk))%[4]s
     ORDER BY o.id
     LIMIT $1
-    FOR UPDATE SKIP LOCKED))
-RETURNING id, uuid, topic, key, payload, metadata, attempts, created_at`, t, due, hold),
+    FOR UPDATE OF o SKIP LOCKED),
+ins AS (
+    INSERT INTO %[2]s AS l (id, key, leased_by, leased_until, attempts)
+    SELECT c.id, c.key, $2, (SELECT t FROM clk) + $3::bigint * interval '1 microsecond', c.attempts + 1 FROM c
+    ON CONFLICT (id) DO UPDATE SET leased_by = excluded.leased_by, leased_until = excluded.leased_until,
+        attempts = l.attempts + 1
+    WHERE l.leased_until <= excluded.leased_until - $3::bigint * interval '1 microsecond'
+    RETURNING l.id, l.attempts)
+SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
+FROM ins JOIN c ON c.id = ins.id`, t, leases, due, hold),
 
 		ack: ack,
 
-		nack: fmt.Sprintf(`UPDATE %s SET leased_by = NULL, leased_until = NULL, last_error = $3, due_at = $4
-WHERE id = $1 AND leased_by = $2 AND status = 'pending'`, t),
+		nack: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = l.attempts, last_error = $3, due_at = $4
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 
-		release: fmt.Sprintf(`UPDATE %s SET leased_by = NULL, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), due_at = $3
-WHERE id = ANY($1) AND leased_by = $2 AND status = 'pending'`, t),
+		// Release gives the claim's attempt back.
+		release: fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 
-		deadLetter: fmt.Sprintf(`UPDATE %s SET status = 'dead', last_error = $3, leased_by = NULL, leased_until = NULL
-WHERE id = $1 AND leased_by = $2 AND status = 'pending'`, t),
+		deadLetter: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 
 		lock: "SELECT pg_advisory_xact_lock($1)",
 	}

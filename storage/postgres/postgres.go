@@ -130,6 +130,7 @@ type Storage struct {
 
 	ident   pgx.Identifier // table, as configured
 	table   string         // table, quoted for SQL
+	leases  string         // lease table, quoted for SQL
 	lockKey int64          // advisory lock serialising strict-ordering claims
 
 	q queries
@@ -160,15 +161,22 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 		ident:  ident,
 		table:  ident.Sanitize(),
 	}
+	s.leases = append(ident[:len(ident)-1:len(ident)-1], derivedName(ident, "leases")).Sanitize()
 	h := fnv.New64a()
 	h.Write([]byte("txoutbox claim " + s.table))
 	s.lockKey = int64(h.Sum64())
-	s.q = buildQueries(s.table, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
+	s.q = buildQueries(s.table, s.leases, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
 	return s, nil
 }
 
 // Table returns the outbox table as quoted in SQL, for example "app"."outbox".
 func (s *Storage) Table() string { return s.table }
+
+// LeaseTable returns the table that holds the live leases, as quoted in SQL:
+// the outbox table's name with the suffix "_leases", in the same schema (for
+// example "app"."outbox_leases"). A forwarder's role needs SELECT, INSERT,
+// UPDATE and DELETE on it.
+func (s *Storage) LeaseTable() string { return s.leases }
 
 // StrictOrdering reports whether claims hold back records behind an earlier
 // unclaimable record of the same key.

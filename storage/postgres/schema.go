@@ -27,31 +27,44 @@ func (s *Storage) SchemaSQL() string {
     created_at   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
     due_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
     attempts     INTEGER     NOT NULL DEFAULT 0,
-    leased_by    TEXT,
-    leased_until TIMESTAMPTZ,
     status       TEXT        NOT NULL DEFAULT 'pending'
                  CHECK (status IN ('pending', 'delivered', 'dead')),
     last_error   TEXT,
     delivered_at TIMESTAMPTZ
 );
 
+-- Leases live in their own narrow table: a claim inserts one small row per
+-- record instead of writing a new version of the wide outbox row and three
+-- index entries; every write-back deletes the lease in the same statement.
+-- attempts here is the attempt number of the live claim (it counts claims
+-- whose lease ran out, which the outbox row learns at the next write-back).
+CREATE TABLE IF NOT EXISTS %s (
+    id           BIGINT      PRIMARY KEY,
+    key          TEXT        NOT NULL,
+    leased_by    TEXT        NOT NULL,
+    leased_until TIMESTAMPTZ NOT NULL,
+    attempts     INTEGER     NOT NULL
+);
+
 -- Claim walks pending rows in id order; delivered rows never enter this index.
 CREATE INDEX IF NOT EXISTS %s ON %s (id) WHERE status = 'pending';
 
 -- Strict ordering: is there an earlier pending row of the same key that is
--- not claimable? Only leased rows and rows rescheduled for later can be, so
--- only they are indexed: the lookup stays cheap however long the backlog.
-CREATE INDEX IF NOT EXISTS %s ON %s (key, id)
-    WHERE status = 'pending' AND key <> '' AND (leased_until IS NOT NULL OR due_at > created_at);
+-- not claimable? Leased rows are in the lease table; the only other ones are
+-- rows rescheduled for later, so only they are indexed here, by due time (the
+-- claim reads those not yet due): the lookup stays cheap however long the
+-- backlog.
+CREATE INDEX IF NOT EXISTS %s ON %s (due_at, key, id)
+    WHERE status = 'pending' AND key <> '' AND due_at > created_at;
 
 -- Purge: delivered rows by age.
 CREATE INDEX IF NOT EXISTS %s ON %s (delivered_at) WHERE status = 'delivered';
 
 -- Redrive and inspection of dead-lettered rows by topic.
 CREATE INDEX IF NOT EXISTS %s ON %s (topic, id) WHERE status = 'dead';
-`, t,
+`, t, s.leases,
 		idx("pending_idx"), t,
-		idx("pending_key_idx"), t,
+		idx("rescheduled_idx"), t,
 		idx("delivered_idx"), t,
 		idx("dead_idx"), t)
 
