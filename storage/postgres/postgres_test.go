@@ -674,14 +674,40 @@ SELECT g::text, 't', 'k' || (g %% 100) FROM generate_series(1, 50000) g`, s.tabl
 	}
 }
 
+// TestClaimPlanWithStaleStatistics: statistics taken while the table was
+// empty, then a backlog arrives before autovacuum analyzes again (a fresh
+// table, or the backlog of an outage). The claim must still walk the pending
+// index in id order and stop after the batch, not read and sort every
+// pending row.
+func TestClaimPlanWithStaleStatistics(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	_, err := s.pool.Exec(ctx, "ANALYZE "+s.table)
+	must(t, err)
+	_, err = s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, topic, key, payload)
+SELECT g::text, 't', 'k' || (g %% 1000), convert_to(repeat('x', 256), 'UTF8') FROM generate_series(1, 30000) g`, s.table))
+	must(t, err)
+	plan := explainClaim(t, s, 1000, true)
+	if strings.Contains(plan, "Sort") || !strings.Contains(plan, "Index Scan using outbox_pending_idx") {
+		t.Fatalf("claim over a backlog with stale statistics does not walk the pending index in order:\n%s", plan)
+	}
+}
+
 // explainClaim returns the plan of the claim statement, run inside a
 // transaction that is rolled back.
-func explainClaim(t testing.TB, s *Storage, batch int, analyze bool) string {
+func explainClaim(t testing.TB, s *Storage, batch int, analyze bool, settings ...string) string {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := s.pool.Begin(ctx)
 	must(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // test
+	for _, set := range settings {
+		_, err = tx.Exec(ctx, set)
+		must(t, err)
+	}
+	_, err = tx.Exec(ctx, s.q.plan) // the claim's planner setting
+	must(t, err)
 	opts := "EXPLAIN "
 	if analyze {
 		opts = "EXPLAIN (ANALYZE, BUFFERS) "
