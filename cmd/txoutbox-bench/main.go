@@ -27,6 +27,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,6 +63,8 @@ type options struct {
 	runTimeout  time.Duration
 	quick       bool
 	deleteOnAck bool
+	peer        bool   // run Watermill's forwarder too
+	cpuProfile  string // write a CPU profile of this process here
 }
 
 func main() {
@@ -120,6 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.runTimeout, "run-timeout", 5*time.Minute, "bound on each run; a run that outlives it counts its undelivered messages as lost")
 	fs.BoolVar(&o.quick, "quick", false, "tiny smoke workload (small sizes for the flags not given)")
 	fs.BoolVar(&o.deleteOnAck, "delete-on-ack", false, "txoutbox: postgres.Config.DeleteOnAck (delete delivered rows instead of marking them)")
+	fs.BoolVar(&o.peer, "peer", true, "also run Watermill's forwarder (false: txoutbox only, no ratios; for profiling)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (relays included) to this file")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -232,6 +237,17 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 	b := &bench{o: o, out: out, payload: make([]byte, o.payload), inserts: map[string][]float64{}}
 	for i := range b.payload {
 		b.payload[i] = byte('a' + rand.IntN(26))
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return 1, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return 1, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	start := time.Now()
 	fmt.Fprintf(out, "txoutbox-bench %s: messages=%d keys=%d payload=%dB per-tx=%d producers=%d poll=%s delete-on-ack=%v\n",
@@ -429,6 +445,9 @@ type outcome struct {
 }
 
 func (oc outcome) dl() string {
+	if oc.n == 0 {
+		return "-" // not run
+	}
 	s := fmt.Sprintf("%d/%d", oc.dup, oc.lost)
 	if oc.reorders > 0 {
 		s += fmt.Sprintf(" (%d reordered)", oc.reorders)
@@ -539,7 +558,7 @@ func (b *bench) drain(ctx context.Context) error {
 					}
 					wkey := fmt.Sprint(lat, batch, fw)
 					w, ok := wmCache[wkey]
-					if !ok {
+					if !ok && b.o.peer {
 						n := b.o.messages
 						if lat > 0 {
 							n = min(n, b.o.wmLatMsgs)
@@ -579,7 +598,7 @@ func median(v []float64) float64 {
 // or one fill per relay when drain did not run.
 func (b *bench) insert(ctx context.Context) error {
 	for _, kind := range []string{"txo", "wm"} {
-		if len(b.inserts[kind]) > 0 {
+		if len(b.inserts[kind]) > 0 || kind == "wm" && !b.o.peer {
 			continue
 		}
 		cfg := relayConfig{batch: b.o.batches[0], strict: true, poll: b.o.poll, forwarders: 1}
@@ -647,10 +666,12 @@ func (b *bench) steady(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			b.progress("steady watermill batch=%d forwarders=%d", batch, fw)
-			w, err := b.together(ctx, "wm", cfg, b.o.messages, 0, false)
-			if err != nil {
-				return err
+			var w outcome
+			if b.o.peer {
+				b.progress("steady watermill batch=%d forwarders=%d", batch, fw)
+				if w, err = b.together(ctx, "wm", cfg, b.o.messages, 0, false); err != nil {
+					return err
+				}
 			}
 			b.rows = append(b.rows, row{
 				scenario: "steady", settings: fmt.Sprintf("latency=0 batch=%d fwd=%d strict=on conc=%d; p99 lag txo %s, wm %s", batch, fw, conc, t.p99.Round(time.Millisecond), w.p99.Round(time.Millisecond)),
@@ -674,6 +695,9 @@ func (b *bench) latency(ctx context.Context) error {
 	var best outcome
 	var bestPoll time.Duration
 	for _, poll := range b.o.wmPolls {
+		if !b.o.peer {
+			break
+		}
 		wcfg := cfg
 		wcfg.notify, wcfg.poll = false, poll
 		b.progress("latency watermill poll=%s rate=%d/s for %s", poll, b.o.rate, b.o.duration)

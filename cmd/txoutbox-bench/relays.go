@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime/pprof"
 	"sync"
 	"time"
 
@@ -132,7 +133,9 @@ func (r *txoRelay) Start(ctx context.Context, target message.Publisher) (func(),
 		fwds = append(fwds, f)
 	}
 	for _, f := range fwds {
-		wg.Go(func() { _ = f.Run(ctx) })
+		// The label lets a -cpuprofile be read for the forwarders alone
+		// (go tool pprof -tagfocus role=forwarder).
+		wg.Go(func() { pprof.Do(ctx, pprof.Labels("role", "forwarder"), func(ctx context.Context) { _ = f.Run(ctx) }) })
 	}
 	if r.cfg.notify {
 		wg.Go(func() {

@@ -58,14 +58,27 @@ func buildQueries(t, leases string, strict bool, visibility time.Duration, delet
 	// in one statement: the lease is the fence (a lease taken over by another
 	// worker has another leased_by, so the write-back matches nothing), and
 	// its attempts, which count claims whose lease ran out, go to the row.
-	//
-	// The outbox rows are locked first, in id order, then the leases: a claim
-	// takes its rows in the same order (outbox row, then lease), so a
-	// write-back and a claim that takes over an expired lease of the same row
-	// wait for each other one way only and never deadlock. The DELETE
-	// re-reads a lease updated meanwhile, so a takeover committed while the
-	// write-back waited fences it out.
 	fenced := func(ids string, returning string) string {
+		if strict {
+			// Strict claims lock no outbox row (the advisory lock keeps
+			// claimers apart), so the lease is deleted first and the outbox
+			// row updated after it: a claim that takes over an expired lease
+			// waits for the DELETE and then finds the lease gone, and no lock
+			// is taken in the other order, so they cannot deadlock. Nack,
+			// release and dead-letter also take the advisory lock
+			// (writeBack); an ack does not need it (a delivered row holds
+			// nothing back).
+			return fmt.Sprintf(`WITH l AS (DELETE FROM %s x WHERE x.id %s AND x.leased_by = $2 RETURNING %s)
+`, leases, ids, returning)
+		}
+		// Claims without strict ordering run side by side and lock their
+		// outbox rows (FOR UPDATE SKIP LOCKED) before leasing them, so a
+		// write-back locks the outbox rows first too, in id order, then
+		// deletes the lease: a write-back and a claim that takes over an
+		// expired lease of the same row then wait for each other one way
+		// only and never deadlock. The DELETE re-reads a lease updated
+		// meanwhile, so a takeover committed while the write-back waited
+		// fences it out.
 		return fmt.Sprintf(`WITH m AS (SELECT id FROM %s WHERE id %s AND status = 'pending' ORDER BY id FOR UPDATE),
 l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 RETURNING %s)
 `, t, ids, leases, returning)
@@ -74,6 +87,64 @@ l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 RETURNING 
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	if deleteOnAck {
 		ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	}
+	// leases maps every lease row's id to whether it is live at the claim's
+	// clock reading.
+	leaseMap := fmt.Sprintf(`(SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') FROM %s x)`, leases)
+	leaseUntil := "(SELECT t FROM clk) + $3::bigint * interval '1 microsecond'"
+	var claim string
+	if strict {
+		// Claims are serialised by the advisory lock and see every lease
+		// committed before them, so the candidates need no row lock: a row
+		// with no lease row gets one by a plain INSERT (nothing else inserts
+		// leases meanwhile), and a row whose lease ran out is taken over by
+		// an UPDATE of that lease, which re-checks it: if its owner's
+		// write-back deleted it meanwhile, the UPDATE waits for it, finds
+		// nothing and the row is not handed out.
+		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
+ls AS MATERIALIZED (SELECT %[5]s AS m),
+c AS MATERIALIZED (
+    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
+        (SELECT m FROM ls) ? o.id::text AS expired
+    FROM %[1]s o
+    WHERE o.status = 'pending' AND %[3]s
+      AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)%[4]s
+    ORDER BY o.id
+    LIMIT $1),
+up AS (
+    UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
+    WHERE l.id = ANY(ARRAY(SELECT c.id FROM c WHERE c.expired)) AND l.leased_until <= (SELECT t FROM clk)
+    RETURNING l.id, l.attempts),
+ins AS (
+    INSERT INTO %[2]s (id, key, leased_by, leased_until, attempts)
+    SELECT c.id, c.key, $2, %[6]s, c.attempts + 1 FROM c WHERE NOT c.expired
+    RETURNING id, attempts),
+a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
+SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
+FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil)
+	} else {
+		// Claimers run side by side: each locks its candidates (FOR UPDATE
+		// SKIP LOCKED, so they skip each other's rows) and leases them with
+		// ON CONFLICT, which takes over a lease only once it has run out,
+		// judged on the latest committed lease, so two claimers never both
+		// hold a row even when one's snapshot predates the other's commit.
+		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
+c AS MATERIALIZED (
+    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
+    WHERE o.status = 'pending' AND %[3]s
+      AND NOT COALESCE((%[4]s -> o.id::text)::boolean, false)
+    ORDER BY o.id
+    LIMIT $1
+    FOR UPDATE OF o SKIP LOCKED),
+ins AS (
+    INSERT INTO %[2]s AS l (id, key, leased_by, leased_until, attempts)
+    SELECT c.id, c.key, $2, %[5]s, c.attempts + 1 FROM c
+    ON CONFLICT (id) DO UPDATE SET leased_by = excluded.leased_by, leased_until = excluded.leased_until,
+        attempts = l.attempts + 1
+    WHERE l.leased_until <= excluded.leased_until - $3::bigint * interval '1 microsecond'
+    RETURNING l.id, l.attempts)
+SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
+FROM ins JOIN c ON c.id = ins.id`, t, leases, due, leaseMap, leaseUntil)
 	}
 	return queries{
 		// "Now" is one clock reading taken once the statement runs, after
@@ -86,35 +157,14 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 		// later row was handed out first. Every visible row committed before
 		// this reading, so its default due time is behind it.
 		//
-		// Live leases are read once (an InitPlan: the lease table holds
-		// only the rows in flight, plus dead versions until vacuum) into a
-		// jsonb object keyed by id, and each candidate costs one lookup in
-		// it, like the strict-ordering map: the walk over the pending index
-		// then involves no join for the planner to choose.
-		//
-		// The candidates are read with the columns handed out (no second
-		// visit of the outbox rows), locked so that a concurrent write-back
-		// or claim is skipped, and leased by inserting into the lease table.
-		// ON CONFLICT takes over a lease only once it has run out, judged on
-		// the latest committed lease, so two claimers never both hold a row
-		// even when one's snapshot predates the other's commit.
-		claim: fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
-c AS MATERIALIZED (
-    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
-    WHERE o.status = 'pending' AND %[3]s
-      AND NOT COALESCE((SELECT jsonb_object_agg(x.id::text, 1) FROM %[2]s x WHERE x.leased_until > (SELECT t FROM clk)) ? o.id::text, false)%[4]s
-    ORDER BY o.id
-    LIMIT $1
-    FOR UPDATE OF o SKIP LOCKED),
-ins AS (
-    INSERT INTO %[2]s AS l (id, key, leased_by, leased_until, attempts)
-    SELECT c.id, c.key, $2, (SELECT t FROM clk) + $3::bigint * interval '1 microsecond', c.attempts + 1 FROM c
-    ON CONFLICT (id) DO UPDATE SET leased_by = excluded.leased_by, leased_until = excluded.leased_until,
-        attempts = l.attempts + 1
-    WHERE l.leased_until <= excluded.leased_until - $3::bigint * interval '1 microsecond'
-    RETURNING l.id, l.attempts)
-SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
-FROM ins JOIN c ON c.id = ins.id`, t, leases, due, hold),
+		// The lease table is read once (an InitPlan: it holds only the rows
+		// in flight, plus the leases of crashed workers until they are taken
+		// over) into a jsonb object id -> whether the lease is live, and each
+		// candidate costs one lookup in it, like the strict-ordering map: the
+		// walk over the pending index then involves no join for the planner
+		// to choose. The candidates are read with the columns handed out, so
+		// the outbox rows are visited once.
+		claim: claim,
 
 		ack: ack,
 
