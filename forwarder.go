@@ -177,6 +177,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 
 	f.logger.Info("Forwarder started", nil)
 	defer f.logger.Info("Forwarder stopped", nil)
+	defer f.leave(ctx)
 	defer f.waitAside()
 
 	poll := f.config.PollMin
@@ -198,6 +199,20 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// leave tells a storage that tracks its claimers that this one is gone, so
+// the others take over its share at once (storage.Leaver).
+func (f *Forwarder) leave(ctx context.Context) {
+	l, ok := f.store.(storage.Leaver)
+	if !ok {
+		return
+	}
+	bctx, cancel := f.bookkeepingCtx(ctx)
+	defer cancel()
+	if err := l.Leave(bctx, f.config.WorkerID); err != nil {
+		f.logger.Error("Could not leave the storage's workers; the others take over its share after a timeout", err, nil)
+	}
 }
 
 // waitAside waits, at most ShutdownTimeout, for publishes abandoned at their

@@ -178,6 +178,15 @@ func (p RedriveParams) Validate() error {
 	return nil
 }
 
+// Leaver is implemented by storages that keep track of the workers claiming
+// from them (the PostgreSQL storage shares its key slots among them). The
+// forwarder calls Leave when its Run returns, so that the worker stops
+// counting at once instead of after a timeout. Leave must not touch records
+// or leases.
+type Leaver interface {
+	Leave(ctx context.Context, workerID string) error
+}
+
 // Maintainer is implemented by SQL storages: housekeeping for operators.
 type Maintainer interface {
 	// Purge deletes delivered records older than olderThan, in bounded batches so

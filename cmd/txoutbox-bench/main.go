@@ -221,6 +221,7 @@ type row struct {
 	txo, wm            string
 	ratio              string
 	txoDL, wmDL        string // duplicates/lost
+	txoCPU, wmCPU      string // database and relay CPU per message
 }
 
 type bench struct {
@@ -231,10 +232,11 @@ type bench struct {
 	seq     int
 	payload []byte
 	inserts map[string][]float64 // producer msgs/s per relay
+	cpu     cpuMeter
 }
 
 func run(ctx context.Context, o options, out io.Writer) (int, error) {
-	b := &bench{o: o, out: out, payload: make([]byte, o.payload), inserts: map[string][]float64{}}
+	b := &bench{o: o, out: out, payload: make([]byte, o.payload), inserts: map[string][]float64{}, cpu: newCPUMeter(o.url)}
 	for i := range b.payload {
 		b.payload[i] = byte('a' + rand.IntN(26))
 	}
@@ -278,9 +280,9 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 
 func (b *bench) print() {
 	tw := tabwriter.NewWriter(b.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nscenario\tsettings\ttxoutbox\twatermill\ttxo/wm\tdup/lost txo\tdup/lost wm")
+	fmt.Fprintln(tw, "\nscenario\tsettings\ttxoutbox\twatermill\ttxo/wm\tdup/lost txo\tdup/lost wm\tcpu us/msg db+relay txo\twm")
 	for _, r := range b.rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.scenario, r.settings, r.txo, r.wm, r.ratio, r.txoDL, r.wmDL)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.scenario, r.settings, r.txo, r.wm, r.ratio, r.txoDL, r.wmDL, cmp.Or(r.txoCPU, "-"), cmp.Or(r.wmCPU, "-"))
 	}
 	_ = tw.Flush()
 }
@@ -442,6 +444,7 @@ type outcome struct {
 	reorders  int64
 	p50, p99  time.Duration
 	n         int
+	cpu       string // database+relay CPU per message, when measured
 }
 
 func (oc outcome) dl() string {
@@ -497,14 +500,19 @@ func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n in
 	}
 	b.inserts[kind] = append(b.inserts[kind], oc.insert)
 	s := newSink(n, b.o.keys, latency, false)
+	cpu0 := b.cpu.sample()
 	start := time.Now()
 	stop, err := r.Start(ctx, s)
 	if err != nil {
 		return oc, err
 	}
 	b.await(ctx, s)
+	cpu1 := b.cpu.sample()
 	stop()
 	oc.n = n
+	if db, self, ok := perMessage(cpu0, cpu1, n); ok {
+		oc.cpu = fmt.Sprintf("%.1f+%.1f", db, self)
+	}
 	if at := s.doneAt.Load(); at > 0 {
 		oc.rate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
 	}
@@ -576,7 +584,7 @@ func (b *bench) drain(ctx context.Context) error {
 					b.rows = append(b.rows, row{
 						scenario: "drain", settings: settings,
 						txo: rate(t.rate), wm: rate(w.rate), ratio: ratio(t.rate, w.rate),
-						txoDL: t.dl(), wmDL: w.dl(),
+						txoDL: t.dl(), wmDL: w.dl(), txoCPU: t.cpu, wmCPU: w.cpu,
 					})
 				}
 			}

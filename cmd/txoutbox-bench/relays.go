@@ -151,10 +151,12 @@ func (r *txoRelay) Start(ctx context.Context, target message.Publisher) (func(),
 
 func (r *txoRelay) Teardown(ctx context.Context) error {
 	var err error
-	if r.fwdPool != nil {
+	if r.fwdPool != nil && r.store != nil {
 		fn := pgx.Identifier{r.cfg.name + "_notify"}.Sanitize()
-		_, err = r.fwdPool.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s; DROP FUNCTION IF EXISTS %s()",
-			pgx.Identifier{r.cfg.name}.Sanitize(), pgx.Identifier{r.cfg.name + "_leases"}.Sanitize(), fn), pgx.QueryExecModeSimpleProtocol)
+		_, err = r.fwdPool.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s; DROP FUNCTION IF EXISTS %s()",
+			r.store.Table(), r.store.LeaseTable(), r.store.WorkerTable(), fn), pgx.QueryExecModeSimpleProtocol)
+	}
+	if r.fwdPool != nil {
 		r.fwdPool.Close()
 	}
 	if r.prodPool != nil {

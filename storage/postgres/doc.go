@@ -31,11 +31,24 @@
 // rows once per claim, into a map from key to the lowest unclaimable id of that key; each
 // candidate row then costs one lookup in that map. Neither part grows with the
 // backlog: the claim costs the same over 50 thousand pending rows as over a
-// million. What does grow is the walk over rows that are held back: a worker
-// whose every key is held by others walks the pending rows of those keys
-// before it comes back empty (about 2 µs a row). Keep BatchSize times the
-// number of forwarders below the number of keys in flight, or run fewer
-// forwarders on a table with a few hot keys.
+// million.
+//
+// # Key slots
+//
+// Forwarders that hold the same keys get in each other's way: with strict
+// ordering a claim walks past every pending row of a key another worker
+// holds. So every row carries a slot (a hash of its key, or of its id when
+// keyless, in a generated column), and the workers claiming from one table
+// share the 256 slots: the workers that claimed in the last ten seconds or
+// hold live leases (the worker table, [Storage.WorkerTable]) are sorted by
+// worker id and each owns one contiguous range. A claim walks its own slots
+// (checked in the pending index, so other slots cost nothing); when they do
+// not fill the batch it also looks at the head of the others'. One forwarder
+// owns every slot and claims as if slots did not exist; four forwarders over
+// 1000 keys each hold about 250 keys and scale with them. A forwarder that
+// stops calls [Storage.Leave] so the others take its range at once. Which
+// slots a worker walks never decides what may be claimed: a key lives in one
+// slot, and the check above is the same for all of them.
 //
 // # Writes per message
 //

@@ -12,13 +12,24 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
+// slotCount is the number of key slots: the slot column of a row is the hash
+// of its key (its id when keyless) modulo slotCount. Up to slotCount
+// claimers get slots of their own.
+const slotCount = 256
+
+// memberTTL is how long a worker counts as claiming after its last claim,
+// unless it holds live leases: long enough to cover a forwarder's idle poll
+// (PollMax, 5s by default), short enough that the slots of a worker that
+// stopped without [Storage.Leave] go to the others soon.
+const memberTTL = 10 * time.Second
+
 // queries holds the statements of one storage, built once in New.
 type queries struct {
 	claim, ack, nack, release, deadLetter string
-	plan, lock                            string
+	plan, lock, leave                     string
 }
 
-func buildQueries(t, leases string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
+func buildQueries(t, leases, workers string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
 	// A row is claimable when it is pending, due and not under a live lease.
 	due := "o.due_at <= (SELECT t FROM clk)"
 	if visibility > 0 {
@@ -43,16 +54,14 @@ func buildQueries(t, leases string, strict bool, visibility time.Duration, delet
 		// The visibility delay needs no clause here: created_at is taken at
 		// insert (clock_timestamp), so an earlier id is never younger than a
 		// row that is old enough to claim.
-		hold = fmt.Sprintf(`
-      AND (o.key = '' OR o.id < COALESCE((
-          (SELECT jsonb_object_agg(h.key, h.first) FROM (
-              SELECT u.key, min(u.id) AS first FROM (
-                  SELECT l.key, l.id FROM %[2]s l
-                  WHERE l.leased_until > (SELECT t FROM clk) AND l.key <> ''
-                  UNION ALL
-                  SELECT e.key, e.id FROM %[1]s e
-                  WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)
-              ) u GROUP BY u.key) h) ->> o.key)::bigint, 9223372036854775807))`, t, leases)
+		hold = fmt.Sprintf(`(SELECT jsonb_object_agg(h.key, h.first) FROM (
+        SELECT u.key, min(u.id) AS first FROM (
+            SELECT l.key, l.id FROM %[2]s l
+            WHERE l.leased_until > (SELECT t FROM clk) AND l.key <> ''
+            UNION ALL
+            SELECT e.key, e.id FROM %[1]s e
+            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)
+        ) u GROUP BY u.key) h)`, t, leases)
 	}
 	// Every write-back deletes the worker's lease and updates the outbox row
 	// in one statement: the lease is the fence (a lease taken over by another
@@ -101,15 +110,56 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 		// an UPDATE of that lease, which re-checks it: if its owner's
 		// write-back deleted it meanwhile, the UPDATE waits for it, finds
 		// nothing and the row is not handed out.
+		//
+		// Key slots: every row has a slot (hash of its key, or its id when
+		// keyless; a generated column). The workers that claimed in the last
+		// memberTTL or hold live leases share the slots: sorted by worker id,
+		// each owns one contiguous range, and a claim walks the pending rows
+		// of its own slots (the slot range is a condition on the pending
+		// index, so other slots' rows cost no heap visit). Workers then hold
+		// disjoint keys and do not walk each other's held rows. If its own
+		// slots do not fill the batch, a claim also looks at the first
+		// BatchSize pending rows of the others' slots, so the slots of a
+		// worker that died are served until it drops out. Which slots a
+		// worker walks never decides what is claimable: every key lives in
+		// one slot, and the held-back check is the same for all of them.
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
-ls AS MATERIALIZED (SELECT %[5]s AS m),
+hb AS (
+    INSERT INTO %[7]s (worker_id, seen_until) VALUES ($2, (SELECT t FROM clk) + interval '%[8]d microseconds')
+    ON CONFLICT (worker_id) DO UPDATE SET seen_until = excluded.seen_until),
+gone AS (
+    DELETE FROM %[7]s WHERE seen_until < (SELECT t FROM clk) - interval '%[8]d microseconds' AND worker_id <> $2),
+ls AS MATERIALIZED (
+    SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m,
+        array_agg(DISTINCT x.leased_by) FILTER (WHERE x.leased_until > (SELECT t FROM clk)) AS holders
+    FROM %[2]s x),
+hm AS MATERIALIZED (SELECT %[4]s AS m),
+own AS MATERIALIZED (
+    SELECT n.r * %[9]d / n.f AS lo, (n.r + 1) * %[9]d / n.f - 1 AS hi FROM (
+        SELECT count(*) AS f, count(*) FILTER (WHERE w.id < $2) AS r FROM (
+            SELECT worker_id AS id FROM %[7]s WHERE seen_until > (SELECT t FROM clk)
+            UNION SELECT unnest(holders) FROM ls
+            UNION SELECT $2) w) n),
 c AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
+            (SELECT m FROM ls) ? o.id::text AS expired
+        FROM %[1]s o
+        WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own) AND %[3]s
+          AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
+          AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
+        ORDER BY o.id
+        LIMIT $1) mine
+    UNION ALL
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-        (SELECT m FROM ls) ? o.id::text AS expired
-    FROM %[1]s o
-    WHERE o.status = 'pending' AND %[3]s
-      AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)%[4]s
-    ORDER BY o.id
+        (SELECT m FROM ls) ? o.id::text
+    FROM (
+        SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at, p.slot
+        FROM %[1]s p WHERE p.status = 'pending' ORDER BY p.id LIMIT $1) o
+    WHERE ((SELECT lo FROM own) > 0 OR (SELECT hi FROM own) < %[9]d - 1)
+      AND NOT o.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own) AND %[3]s
+      AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
+      AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
     LIMIT $1),
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
@@ -121,7 +171,7 @@ ins AS (
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
-FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil)
+FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount)
 	} else {
 		// Claimers run side by side: each locks its candidates (FOR UPDATE
 		// SKIP LOCKED, so they skip each other's rows) and leases them with
@@ -195,6 +245,8 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		// Nested loops are turned off too: the claim has no other join.
 		plan: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true)",
 		lock: "SELECT pg_advisory_xact_lock($1)",
+
+		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),
 	}
 }
 
@@ -329,4 +381,14 @@ func (s *Storage) writeBack(ctx context.Context, sql string, args ...any) error 
 	b.Queue(s.q.lock, s.lockKey)
 	b.Queue(sql, args...)
 	return s.pool.SendBatch(ctx, b).Close()
+}
+
+// Leave implements [storage.Leaver]: the worker stops counting as a claimer at
+// once, so the other workers share its key slots from their next claim on
+// instead of after memberTTL. The forwarder calls it when Run returns.
+func (s *Storage) Leave(ctx context.Context, workerID string) error {
+	if _, err := s.pool.Exec(ctx, s.q.leave, workerID); err != nil {
+		return fmt.Errorf("leave %s as worker %q: %w", s.workers, workerID, err)
+	}
+	return nil
 }

@@ -123,7 +123,7 @@ func parseTable(name string) (pgx.Identifier, error) {
 
 // Storage is the PostgreSQL outbox storage over a pgx pool. It implements
 // [storage.Storage], [storage.Inserter], [storage.StatsReader] and
-// [storage.Maintainer], and is safe for concurrent use.
+// [storage.Maintainer] and [storage.Leaver], and is safe for concurrent use.
 type Storage struct {
 	pool   *pgxpool.Pool
 	config Config
@@ -131,6 +131,7 @@ type Storage struct {
 	ident   pgx.Identifier // table, as configured
 	table   string         // table, quoted for SQL
 	leases  string         // lease table, quoted for SQL
+	workers string         // worker table (slot sharing), quoted for SQL
 	lockKey int64          // advisory lock serialising strict-ordering claims
 
 	q queries
@@ -141,6 +142,7 @@ var (
 	_ storage.Inserter    = (*Storage)(nil)
 	_ storage.StatsReader = (*Storage)(nil)
 	_ storage.Maintainer  = (*Storage)(nil)
+	_ storage.Leaver      = (*Storage)(nil)
 )
 
 // New returns a storage over pool. It validates config and does not touch the
@@ -162,10 +164,11 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 		table:  ident.Sanitize(),
 	}
 	s.leases = append(ident[:len(ident)-1:len(ident)-1], derivedName(ident, "leases")).Sanitize()
+	s.workers = append(ident[:len(ident)-1:len(ident)-1], derivedName(ident, "workers")).Sanitize()
 	h := fnv.New64a()
 	h.Write([]byte("txoutbox claim " + s.table))
 	s.lockKey = int64(h.Sum64())
-	s.q = buildQueries(s.table, s.leases, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
+	s.q = buildQueries(s.table, s.leases, s.workers, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
 	return s, nil
 }
 
@@ -177,6 +180,12 @@ func (s *Storage) Table() string { return s.table }
 // example "app"."outbox_leases"). A forwarder's role needs SELECT, INSERT,
 // UPDATE and DELETE on it.
 func (s *Storage) LeaseTable() string { return s.leases }
+
+// WorkerTable returns the table of the workers that are claiming, as quoted
+// in SQL: the outbox table's name with the suffix "_workers", in the same
+// schema. Claims with strict ordering share the key slots among these
+// workers. A forwarder's role needs SELECT, INSERT, UPDATE and DELETE on it.
+func (s *Storage) WorkerTable() string { return s.workers }
 
 // StrictOrdering reports whether claims hold back records behind an earlier
 // unclaimable record of the same key.

@@ -93,7 +93,9 @@ func TestSchemaSQL(t *testing.T) {
 	ddl := s.SchemaSQL()
 	for _, want := range []string{
 		`CREATE TABLE IF NOT EXISTS "app"."Outbox"`,
-		`CREATE INDEX IF NOT EXISTS "Outbox_pending_idx" ON "app"."Outbox" (id) WHERE status = 'pending'`,
+		`CREATE INDEX IF NOT EXISTS "Outbox_pending_idx" ON "app"."Outbox" (id, slot) WHERE status = 'pending'`,
+		`GENERATED ALWAYS AS`,
+		`CREATE TABLE IF NOT EXISTS "app"."Outbox_workers"`,
 		"(due_at, key, id)\n    WHERE status = 'pending' AND key <> '' AND due_at > created_at;",
 		`CREATE TABLE IF NOT EXISTS "app"."Outbox_leases"`,
 		`(delivered_at) WHERE status = 'delivered'`,
@@ -121,7 +123,7 @@ func TestDerivedNamesStayDistinct(t *testing.T) {
 	t.Parallel()
 	long := pgx.Identifier{strings.Repeat("t", 63)}
 	seen := map[string]bool{}
-	for _, suffix := range []string{"pending_idx", "rescheduled_idx", "delivered_idx", "dead_idx", "notify", "notify_trg", "leases"} {
+	for _, suffix := range []string{"pending_idx", "rescheduled_idx", "delivered_idx", "dead_idx", "notify", "notify_trg", "leases", "workers"} {
 		n := derivedName(long, suffix)
 		if len(n) > maxIdentifierLen || seen[n] {
 			t.Fatalf("derivedName(%s) = %q: too long or duplicate", suffix, n)
@@ -141,8 +143,8 @@ func TestCreateSchemaIsIdempotentAndLongNamesWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 6 { // primary key + 4, and the lease table's primary key
-		t.Fatalf("%d indexes, want 6", n)
+	if n != 7 { // primary key + 4, and the lease and worker tables' primary keys
+		t.Fatalf("%d indexes, want 7", n)
 	}
 	insert(t, s, recs("a", "")...)
 	if got := claim(t, s, "w", 10, time.Minute); len(got) != 2 {
@@ -813,4 +815,125 @@ func hasRecord(records []storage.Record, id int64) bool {
 		}
 	}
 	return false
+}
+
+// slotsOf returns the key slot of each record.
+func slotsOf(t *testing.T, s *Storage, records []storage.Record) []int {
+	t.Helper()
+	out := make([]int, len(records))
+	for i, r := range records {
+		must(t, s.pool.QueryRow(t.Context(), fmt.Sprintf("SELECT slot FROM %s WHERE id = $1", s.table), r.ID).Scan(&out[i]))
+	}
+	return out
+}
+
+// TestSlotsShareKeysAmongWorkers: with strict ordering, the workers claiming
+// from one table share the key slots, each a contiguous range, so that they
+// hold disjoint keys; a worker that leaves or stops claiming gives its range
+// back, and the slots of a registered worker that does not claim are still
+// served from the head of the backlog.
+func TestSlotsShareKeysAmongWorkers(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	var in []storage.Record
+	for i := range 2000 {
+		in = append(in, rec(fmt.Sprintf("k%d", i%400)))
+	}
+	insert(t, s, in...)
+	inRange := func(slots []int, lo, hi int) bool {
+		for _, sl := range slots {
+			if sl < lo || sl > hi {
+				return false
+			}
+		}
+		return true
+	}
+	// Alone, a worker owns every slot: its claim is the head of the table.
+	alone := claim(t, s, "w-a", 100, time.Minute)
+	if len(alone) != 100 || alone[0].ID != 1 {
+		t.Fatalf("lone worker claimed %d rows from id %d, want the first 100", len(alone), alone[0].ID)
+	}
+	must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(alone), WorkerID: "w-a"}))
+	// w-b registers with one claim; from then on w-a (first by id) owns the
+	// lower half of the slots and w-b the upper half.
+	b := claim(t, s, "w-b", 100, time.Minute)
+	a := claim(t, s, "w-a", 100, time.Minute)
+	b2 := claim(t, s, "w-b", 100, time.Minute)
+	if len(a) != 100 || len(b2) != 100 {
+		t.Fatalf("claimed %d and %d, want 100 each", len(a), len(b2))
+	}
+	if !inRange(slotsOf(t, s, a), 0, slotCount/2-1) || !inRange(slotsOf(t, s, b2), slotCount/2, slotCount-1) {
+		t.Fatalf("w-a claimed slots %v, w-b slots %v: want the lower and the upper half", slotsOf(t, s, a), slotsOf(t, s, b2))
+	}
+	keysA := map[string]bool{}
+	for _, r := range a {
+		keysA[r.Key] = true
+	}
+	for _, r := range b2 {
+		if keysA[r.Key] {
+			t.Fatalf("key %s claimed by both workers", r.Key)
+		}
+	}
+	for _, w := range []struct {
+		id   string
+		recs []storage.Record
+	}{{"w-b", b}, {"w-a", a}, {"w-b", b2}} {
+		must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(w.recs), WorkerID: w.id}))
+	}
+	// The slot range is checked in the pending index, not row by row.
+	tx, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	_, err = tx.Exec(ctx, s.q.plan)
+	must(t, err)
+	rows, err := tx.Query(ctx, "EXPLAIN "+s.q.claim, 100, "w-a", time.Minute.Microseconds())
+	must(t, err)
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	must(t, err)
+	must(t, tx.Rollback(ctx))
+	if !strings.Contains(strings.Join(plan, "\n"), "Index Cond: ((slot >= ") {
+		t.Fatalf("claim does not check the slot range in the index:\n%s", strings.Join(plan, "\n"))
+	}
+
+	// w-b leaves: w-a owns every slot again at once.
+	must(t, s.Leave(ctx, "w-b"))
+	all := claim(t, s, "w-a", 300, time.Minute)
+	if sl := slotsOf(t, s, all); inRange(sl, 0, slotCount/2-1) {
+		t.Fatalf("after w-b left, w-a still claimed only its half: %v", sl)
+	}
+	must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(all), WorkerID: "w-a"}))
+
+	// w-c registers, then stops claiming (no Leave, no lease: it crashed
+	// between rounds). Once w-a's own slots run dry, it takes w-c's rows
+	// from the head of the backlog; once w-c's registration expires, w-a
+	// owns everything again.
+	c := claim(t, s, "w-c", 1, time.Minute)
+	must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(c), WorkerID: "w-c"}))
+	var left int
+	for {
+		got := claim(t, s, "w-a", 100, time.Minute)
+		if len(got) == 0 {
+			break
+		}
+		must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: "w-a"}))
+	}
+	must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE status = 'pending'", s.table)).Scan(&left))
+	if left != 0 {
+		t.Fatalf("%d rows left pending in the slots of a worker that stopped claiming", left)
+	}
+
+	// A worker whose registration expired but who holds live leases still
+	// counts (it is in a long round): w-a keeps to its half.
+	var more []storage.Record
+	for i := range 1000 {
+		more = append(more, rec(fmt.Sprintf("m%d", i%300)))
+	}
+	insert(t, s, more...)
+	claim(t, s, "w-d", 1, time.Minute)
+	_, err = s.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET seen_until = now() - interval '1 hour' WHERE worker_id = 'w-d'", s.workers))
+	must(t, err)
+	if got := claim(t, s, "w-a", 100, time.Minute); len(got) != 100 || !inRange(slotsOf(t, s, got), 0, slotCount/2-1) {
+		t.Fatalf("with w-d holding a lease, w-a claimed %d rows in slots %v: want 100 in the lower half", len(got), slotsOf(t, s, got))
+	}
 }

@@ -17,7 +17,7 @@ func (s *Storage) SchemaSQL() string {
 	t := s.table
 	idx := func(suffix string) string { return pgx.Identifier{derivedName(s.ident, suffix)}.Sanitize() }
 	var b strings.Builder
-	fmt.Fprintf(&b, `CREATE TABLE IF NOT EXISTS %s (
+	fmt.Fprintf(&b, `CREATE TABLE IF NOT EXISTS %[1]s (
     id           BIGSERIAL PRIMARY KEY,
     uuid         TEXT        NOT NULL,
     topic        TEXT        NOT NULL,
@@ -30,7 +30,11 @@ func (s *Storage) SchemaSQL() string {
     status       TEXT        NOT NULL DEFAULT 'pending'
                  CHECK (status IN ('pending', 'delivered', 'dead')),
     last_error   TEXT,
-    delivered_at TIMESTAMPTZ
+    delivered_at TIMESTAMPTZ,
+    -- Key slot: claimers with strict ordering share the slots, so that they
+    -- work on disjoint keys. Every row of a key has the same slot.
+    slot         SMALLINT    NOT NULL GENERATED ALWAYS AS
+                 ((CASE WHEN key = '' THEN id %% %[8]d ELSE hashtext(key) & %[9]d END)::smallint) STORED
 );
 
 -- Leases live in their own narrow table: a claim inserts one small row per
@@ -38,7 +42,7 @@ func (s *Storage) SchemaSQL() string {
 -- index entries; every write-back deletes the lease in the same statement.
 -- attempts here is the attempt number of the live claim (it counts claims
 -- whose lease ran out, which the outbox row learns at the next write-back).
-CREATE TABLE IF NOT EXISTS %s (
+CREATE TABLE IF NOT EXISTS %[2]s (
     id           BIGINT      PRIMARY KEY,
     key          TEXT        NOT NULL,
     leased_by    TEXT        NOT NULL,
@@ -46,27 +50,33 @@ CREATE TABLE IF NOT EXISTS %s (
     attempts     INTEGER     NOT NULL
 );
 
--- Claim walks pending rows in id order; delivered rows never enter this index.
-CREATE INDEX IF NOT EXISTS %s ON %s (id) WHERE status = 'pending';
+-- The workers that claimed recently (strict ordering shares the key slots
+-- among them); a claim refreshes its own row.
+CREATE TABLE IF NOT EXISTS %[7]s (
+    worker_id    TEXT        PRIMARY KEY,
+    seen_until   TIMESTAMPTZ NOT NULL
+);
+
+-- Claim walks pending rows in id order, those of its own slots only (the
+-- slot is checked in the index); delivered rows never enter this index.
+CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (id, slot) WHERE status = 'pending';
 
 -- Strict ordering: is there an earlier pending row of the same key that is
 -- not claimable? Leased rows are in the lease table; the only other ones are
 -- rows rescheduled for later, so only they are indexed here, by due time (the
 -- claim reads those not yet due): the lookup stays cheap however long the
 -- backlog.
-CREATE INDEX IF NOT EXISTS %s ON %s (due_at, key, id)
+CREATE INDEX IF NOT EXISTS %[4]s ON %[1]s (due_at, key, id)
     WHERE status = 'pending' AND key <> '' AND due_at > created_at;
 
 -- Purge: delivered rows by age.
-CREATE INDEX IF NOT EXISTS %s ON %s (delivered_at) WHERE status = 'delivered';
+CREATE INDEX IF NOT EXISTS %[5]s ON %[1]s (delivered_at) WHERE status = 'delivered';
 
 -- Redrive and inspection of dead-lettered rows by topic.
-CREATE INDEX IF NOT EXISTS %s ON %s (topic, id) WHERE status = 'dead';
+CREATE INDEX IF NOT EXISTS %[6]s ON %[1]s (topic, id) WHERE status = 'dead';
 `, t, s.leases,
-		idx("pending_idx"), t,
-		idx("rescheduled_idx"), t,
-		idx("delivered_idx"), t,
-		idx("dead_idx"), t)
+		idx("pending_idx"), idx("rescheduled_idx"), idx("delivered_idx"), idx("dead_idx"),
+		s.workers, slotCount, slotCount-1)
 
 	if ch := s.config.NotifyChannel; ch != "" {
 		fn := append(s.ident[:len(s.ident)-1:len(s.ident)-1], derivedName(s.ident, "notify")).Sanitize()
