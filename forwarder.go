@@ -534,15 +534,16 @@ func (l *lane) publishGroup(group []storage.Record) bool {
 			r.deadLetter(rec, fmt.Sprintf("claimed %d times without a recorded outcome (MaxAttempts %d)", rec.Attempts, f.config.MaxAttempts))
 			continue
 		}
+		now := time.Now()
 		l.mu.Lock()
 		if l.abandoned {
 			l.mu.Unlock()
 			return false
 		}
-		l.busy, l.started, l.group, l.pos = true, time.Now(), group, i
+		l.busy, l.started, l.group, l.pos = true, now, group, i
 		l.mu.Unlock()
 
-		err := f.publishOne(r.publishCtx, rec)
+		err := f.publishOne(r.publishCtx, rec, now)
 
 		l.mu.Lock()
 		abandoned := l.abandoned
@@ -579,9 +580,9 @@ func (r *round) fail(group []storage.Record, i int, err error) bool {
 }
 
 // publishOne runs one record through the middleware chain to the target. The
-// message's context carries the publish deadline for targets and middleware
-// that honour it.
-func (f *Forwarder) publishOne(parent context.Context, rec *storage.Record) error {
+// message's context carries the publish deadline (now + PublishTimeout) for
+// targets and middleware that honour it.
+func (f *Forwarder) publishOne(parent context.Context, rec *storage.Record, now time.Time) error {
 	msg := message.NewMessage(rec.UUID, rec.Payload)
 	msg.Metadata = make(message.Metadata, len(rec.Metadata)+4)
 	for k, v := range rec.Metadata {
@@ -595,7 +596,7 @@ func (f *Forwarder) publishOne(parent context.Context, rec *storage.Record) erro
 	}
 	ctx := &deliveryContext{Context: parent, d: Delivery{Record: *rec, Topic: rec.Topic, WorkerID: f.config.WorkerID, MaxAttempts: f.config.MaxAttempts}}
 	if f.config.PublishTimeout > 0 {
-		ctx.deadline = time.Now().Add(f.config.PublishTimeout)
+		ctx.deadline = now.Add(f.config.PublishTimeout)
 		defer ctx.release()
 	}
 	msg.SetContext(ctx)

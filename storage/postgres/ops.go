@@ -2,9 +2,7 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -119,10 +117,13 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 		// index, so other slots' rows cost no heap visit). Workers then hold
 		// disjoint keys and do not walk each other's held rows. If its own
 		// slots do not fill the batch, a claim also looks at the first
-		// BatchSize pending rows of the others' slots, so the slots of a
-		// worker that died are served until it drops out. Which slots a
-		// worker walks never decides what is claimable: every key lives in
-		// one slot, and the held-back check is the same for all of them.
+		// BatchSize pending rows of the others' slots (two bounded walks,
+		// below and above its own range, so that the slot range is checked
+		// in the index there too): the slots of a worker that died are
+		// served until it drops out, and a small backlog goes out at once
+		// whoever owns it. Which slots a worker walks never decides what is
+		// claimable: every key lives in one slot, and the held-back check is
+		// the same for all of them.
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until) VALUES ($2, (SELECT t FROM clk) + interval '%[8]d microseconds')
@@ -154,10 +155,16 @@ c AS MATERIALIZED (
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
         (SELECT m FROM ls) ? o.id::text
     FROM (
-        SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at, p.slot
-        FROM %[1]s p WHERE p.status = 'pending' ORDER BY p.id LIMIT $1) o
-    WHERE ((SELECT lo FROM own) > 0 OR (SELECT hi FROM own) < %[9]d - 1)
-      AND NOT o.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own) AND %[3]s
+        SELECT * FROM (
+            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
+            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN 0 AND (SELECT lo FROM own) - 1
+            ORDER BY p.id LIMIT $1) below
+        UNION ALL
+        SELECT * FROM (
+            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
+            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1
+            ORDER BY p.id LIMIT $1) above) o
+    WHERE %[3]s
       AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
       AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
     LIMIT $1),
@@ -173,6 +180,12 @@ a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
 FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount)
 	} else {
+		// The slot condition is always true: it is there so that the planner
+		// walks the pending index (where it is an index condition) rather
+		// than the primary key, which also lists every delivered row; with
+		// statistics taken when the table held only pending rows the two
+		// looked alike and the primary key won.
+		//
 		// Claimers run side by side: each locks its candidates (FOR UPDATE
 		// SKIP LOCKED, so they skip each other's rows) and leases them with
 		// ON CONFLICT, which takes over a lease only once it has run out,
@@ -181,7 +194,7 @@ FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, worke
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
 c AS MATERIALIZED (
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
-    WHERE o.status = 'pending' AND %[3]s
+    WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT 0) AND (SELECT %[6]d) AND %[3]s
       AND NOT COALESCE((%[4]s -> o.id::text)::boolean, false)
     ORDER BY o.id
     LIMIT $1
@@ -194,7 +207,7 @@ ins AS (
     WHERE l.leased_until <= excluded.leased_until - $3::bigint * interval '1 microsecond'
     RETURNING l.id, l.attempts)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
-FROM ins JOIN c ON c.id = ins.id`, t, leases, due, leaseMap, leaseUntil)
+FROM ins JOIN c ON c.id = ins.id`, t, leases, due, leaseMap, leaseUntil, slotCount-1)
 	}
 	return queries{
 		// "Now" is one clock reading taken once the statement runs, after
@@ -291,42 +304,6 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 		return nil, fmt.Errorf("claim outbox rows from %s: commit: %w", s.table, err)
 	}
 	return recs, nil
-}
-
-func scanClaimed(rows pgx.Rows, table string, capacity int) ([]storage.Record, error) {
-	defer rows.Close()
-	recs := make([]storage.Record, 0, min(capacity, 1024))
-	var meta []byte
-	for rows.Next() {
-		var r storage.Record
-		var attempts int32
-		if err := rows.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &meta, &attempts, &r.CreatedAt); err != nil {
-			return nil, fmt.Errorf("claim outbox rows from %s: scan: %w", table, err)
-		}
-		r.Attempts = int(attempts)
-		if meta != nil {
-			if err := json.Unmarshal(meta, &r.Metadata); err != nil {
-				r.Metadata = nil
-				r.DecodeError = fmt.Errorf("decode metadata of outbox row %d: %w", r.ID, err)
-			}
-		}
-		recs = append(recs, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: %w", table, err)
-	}
-	slices.SortFunc(recs, func(a, b storage.Record) int { return cmpInt64(a.ID, b.ID) })
-	return recs, nil
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Ack implements [storage.Storage]: the whole batch in one statement.
