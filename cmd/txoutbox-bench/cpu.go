@@ -50,10 +50,14 @@ func (m cpuMeter) sample() cpuSample {
 	return cpuSample{server: srv, self: self, ok: ok}
 }
 
+// minServerCPU is the least server CPU a reading is reported for: /proc
+// counts in ticks of 10 ms, too coarse for shorter runs (the -quick ones).
+const minServerCPU = 300 * time.Millisecond
+
 // perMessage returns the server's and this process's CPU between a and b
 // per message, in microseconds.
 func perMessage(a, b cpuSample, n int) (server, self float64, ok bool) {
-	if !a.ok || !b.ok || n <= 0 {
+	if !a.ok || !b.ok || n <= 0 || b.server-a.server < minServerCPU {
 		return 0, 0, false
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(n) }

@@ -51,7 +51,7 @@ type options struct {
 	batches     []int
 	forwarders  []int
 	stricts     []bool
-	concurrency int
+	concurrency []int // empty: by latency, see concurrenciesFor
 	poll        time.Duration
 	rate        int
 	duration    time.Duration
@@ -110,7 +110,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&batches, "batch", "100,1000", "batch sizes (txoutbox BatchSize, watermill-sql SubscribeBatchSize) (list)")
 	fs.StringVar(&forwarders, "forwarders", "1,4", "forwarders running at once (list)")
 	fs.StringVar(&stricts, "strict", "on,off", "txoutbox strict ordering (list of on/off)")
-	fs.IntVar(&o.concurrency, "concurrency", 0, "txoutbox Concurrency; 0 = 16 with no latency, 128 with latency")
+	var concurrency string
+	fs.StringVar(&concurrency, "concurrency", "auto", "txoutbox Concurrency (list); auto = 16 (the default) without broker latency, 16 and 128 with it")
 	fs.DurationVar(&o.poll, "poll", 10*time.Millisecond, "idle poll interval of both relays in drain and steady runs")
 	fs.IntVar(&o.rate, "rate", 1000, "offered load of the latency scenario, msgs/s")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of the latency scenario")
@@ -140,6 +141,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.forwarders, err = parseList(forwarders, strconv.Atoi); err != nil {
 		return o, fmt.Errorf("-forwarders: %w", err)
+	}
+	if concurrency != "auto" {
+		if o.concurrency, err = parseList(concurrency, strconv.Atoi); err != nil {
+			return o, fmt.Errorf("-concurrency: %w", err)
+		}
 	}
 	if o.wmPolls, err = parseList(wmPolls, time.ParseDuration); err != nil {
 		return o, fmt.Errorf("-wm-poll: %w", err)
@@ -191,8 +197,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			return o, errors.New("-messages, -per-tx, -producers, -rate, -batch and -forwarders must be > 0")
 		}
 	}
-	if o.keys < 0 || o.payload < 0 || o.concurrency < 0 {
-		return o, errors.New("-keys, -payload and -concurrency must be >= 0")
+	if o.keys < 0 || o.payload < 0 {
+		return o, errors.New("-keys and -payload must be >= 0")
+	}
+	for _, c := range o.concurrency {
+		if c <= 0 {
+			return o, errors.New("-concurrency must be auto or > 0")
+		}
 	}
 	return o, nil
 }
@@ -297,14 +308,22 @@ func (b *bench) name(kind string) string {
 	return fmt.Sprintf("bench_%s_%d_%d", kind, os.Getpid(), b.seq)
 }
 
-func (b *bench) concurrencyFor(latency time.Duration) int {
-	if b.o.concurrency > 0 {
+// concurrenciesFor returns the txoutbox Concurrency values a drain runs at:
+// the forwarder's default, and with broker latency also 128, which lets one
+// forwarder keep more publishes in flight than the default does.
+func (b *bench) concurrenciesFor(latency time.Duration) []int {
+	if len(b.o.concurrency) > 0 {
 		return b.o.concurrency
 	}
 	if latency > 0 {
-		return 128
+		return []int{txoutbox.ConcurrencyDefault, 128}
 	}
-	return 16
+	return []int{txoutbox.ConcurrencyDefault}
+}
+
+// concurrencyFor is the Concurrency of the runs that take one value.
+func (b *bench) concurrencyFor(latency time.Duration) int {
+	return b.concurrenciesFor(latency)[0]
 }
 
 func (b *bench) message(i int, sent bool) *message.Message {
@@ -553,41 +572,72 @@ func onOff(v bool) string {
 
 func (b *bench) drain(ctx context.Context) error {
 	wmCache := map[string]outcome{}
+	type scaleKey struct {
+		lat         time.Duration
+		batch, conc int
+		strict      bool
+	}
+	txoByFw := map[scaleKey]map[int]outcome{}
+	var order []scaleKey
 	for _, lat := range b.o.latencies {
 		for _, batch := range b.o.batches {
-			for _, fw := range b.o.forwarders {
-				for _, strict := range b.o.stricts {
-					conc := b.concurrencyFor(lat)
-					cfg := relayConfig{batch: batch, concurrency: conc, strict: strict, poll: b.o.poll, forwarders: fw}
-					b.progress("drain txoutbox latency=%s batch=%d forwarders=%d strict=%s", lat, batch, fw, onOff(strict))
-					t, err := b.drainRun(ctx, "txo", cfg, b.o.messages, lat)
-					if err != nil {
-						return err
-					}
-					wkey := fmt.Sprint(lat, batch, fw)
-					w, ok := wmCache[wkey]
-					if !ok && b.o.peer {
-						n := b.o.messages
-						if lat > 0 {
-							n = min(n, b.o.wmLatMsgs)
-						}
-						b.progress("drain watermill latency=%s batch=%d forwarders=%d messages=%d", lat, batch, fw, n)
-						if w, err = b.drainRun(ctx, "wm", cfg, n, lat); err != nil {
+			for _, conc := range b.concurrenciesFor(lat) {
+				for _, fw := range b.o.forwarders {
+					for _, strict := range b.o.stricts {
+						cfg := relayConfig{batch: batch, concurrency: conc, strict: strict, poll: b.o.poll, forwarders: fw}
+						b.progress("drain txoutbox latency=%s batch=%d concurrency=%d forwarders=%d strict=%s", lat, batch, conc, fw, onOff(strict))
+						t, err := b.drainRun(ctx, "txo", cfg, b.o.messages, lat)
+						if err != nil {
 							return err
 						}
-						wmCache[wkey] = w
+						sk := scaleKey{lat, batch, conc, strict}
+						if txoByFw[sk] == nil {
+							txoByFw[sk] = map[int]outcome{}
+							order = append(order, sk)
+						}
+						txoByFw[sk][fw] = t
+						wkey := fmt.Sprint(lat, batch, fw)
+						w, ok := wmCache[wkey]
+						if !ok && b.o.peer {
+							n := b.o.messages
+							if lat > 0 {
+								n = min(n, b.o.wmLatMsgs)
+							}
+							b.progress("drain watermill latency=%s batch=%d forwarders=%d messages=%d", lat, batch, fw, n)
+							if w, err = b.drainRun(ctx, "wm", cfg, n, lat); err != nil {
+								return err
+							}
+							wmCache[wkey] = w
+						}
+						settings := fmt.Sprintf("latency=%s batch=%d fwd=%d strict=%s conc=%d", lat, batch, fw, onOff(strict), conc)
+						if w.n != t.n && w.n > 0 {
+							settings += fmt.Sprintf(" (wm %d msgs)", w.n)
+						}
+						b.rows = append(b.rows, row{
+							scenario: "drain", settings: settings,
+							txo: rate(t.rate), wm: rate(w.rate), ratio: ratio(t.rate, w.rate),
+							txoDL: t.dl(), wmDL: w.dl(), txoCPU: t.cpu, wmCPU: w.cpu,
+						})
 					}
-					settings := fmt.Sprintf("latency=%s batch=%d fwd=%d strict=%s conc=%d", lat, batch, fw, onOff(strict), conc)
-					if w.n != t.n {
-						settings += fmt.Sprintf(" (wm %d msgs)", w.n)
-					}
-					b.rows = append(b.rows, row{
-						scenario: "drain", settings: settings,
-						txo: rate(t.rate), wm: rate(w.rate), ratio: ratio(t.rate, w.rate),
-						txoDL: t.dl(), wmDL: w.dl(), txoCPU: t.cpu, wmCPU: w.cpu,
-					})
 				}
 			}
+		}
+	}
+	// Scaling: the most forwarders against one, same settings otherwise.
+	if len(b.o.forwarders) > 1 {
+		lo, hi := slices.Min(b.o.forwarders), slices.Max(b.o.forwarders)
+		for _, sk := range order {
+			t1, ok1 := txoByFw[sk][lo]
+			tn, okn := txoByFw[sk][hi]
+			if !ok1 || !okn || lo == hi {
+				continue
+			}
+			w1, wn := wmCache[fmt.Sprint(sk.lat, sk.batch, lo)], wmCache[fmt.Sprint(sk.lat, sk.batch, hi)]
+			b.rows = append(b.rows, row{
+				scenario: "scaling",
+				settings: fmt.Sprintf("latency=%s batch=%d strict=%s conc=%d: fwd=%d / fwd=%d", sk.lat, sk.batch, onOff(sk.strict), sk.conc, hi, lo),
+				txo:      ratio(tn.rate, t1.rate), wm: ratio(wn.rate, w1.rate), ratio: "-", txoDL: "-", wmDL: "-",
+			})
 		}
 	}
 	return nil

@@ -25,6 +25,7 @@ const memberTTL = 10 * time.Second
 type queries struct {
 	claim, ack, nack, release, deadLetter string
 	plan, lock, leave                     string
+	writePlan, writePlanLock              string
 }
 
 func buildQueries(t, leases, workers string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
@@ -55,7 +56,7 @@ func buildQueries(t, leases, workers string, strict bool, visibility time.Durati
 		hold = fmt.Sprintf(`(SELECT jsonb_object_agg(h.key, h.first) FROM (
         SELECT u.key, min(u.id) AS first FROM (
             SELECT l.key, l.id FROM %[2]s l
-            WHERE l.leased_until > (SELECT t FROM clk) AND l.key <> ''
+            WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''
             UNION ALL
             SELECT e.key, e.id FROM %[1]s e
             WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)
@@ -97,7 +98,16 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	}
 	// leases maps every lease row's id to whether it is live at the claim's
 	// clock reading.
-	leaseMap := fmt.Sprintf(`(SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') FROM %s x)`, leases)
+	leaseMap := fmt.Sprintf(`(SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') FROM %s x WHERE x.id >= (SELECT id FROM head))`, leases)
+	// head is the lowest pending id. Every lease worth reading is above it
+	// (a leased row is pending), and below it the lease table holds only the
+	// dead versions of acked leases until VACUUM comes by, which at
+	// thousands of messages a second is tens of thousands of them: the
+	// lease table is read through its primary key from head on, never
+	// scanned whole. (The slot condition, always true, makes the pending
+	// index the one to read; see the claim without strict ordering.)
+	head := fmt.Sprintf(`head AS MATERIALIZED (SELECT COALESCE((SELECT o.id FROM %s o
+    WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT 0) AND (SELECT %d) ORDER BY o.id LIMIT 1), 0) AS id),`, t, slotCount-1)
 	leaseUntil := "(SELECT t FROM clk) + $3::bigint * interval '1 microsecond'"
 	var claim string
 	if strict {
@@ -130,10 +140,11 @@ hb AS (
     ON CONFLICT (worker_id) DO UPDATE SET seen_until = excluded.seen_until),
 gone AS (
     DELETE FROM %[7]s WHERE seen_until < (SELECT t FROM clk) - interval '%[8]d microseconds' AND worker_id <> $2),
+%[10]s
 ls AS MATERIALIZED (
     SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m,
         array_agg(DISTINCT x.leased_by) FILTER (WHERE x.leased_until > (SELECT t FROM clk)) AS holders
-    FROM %[2]s x),
+    FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
 hm AS MATERIALIZED (SELECT %[4]s AS m),
 own AS MATERIALIZED (
     SELECT n.r * %[9]d / n.f AS lo, (n.r + 1) * %[9]d / n.f - 1 AS hi FROM (
@@ -178,7 +189,7 @@ ins AS (
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
-FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount)
+FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head)
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather
@@ -192,6 +203,7 @@ FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, worke
 		// judged on the latest committed lease, so two claimers never both
 		// hold a row even when one's snapshot predates the other's commit.
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
+%[7]s
 c AS MATERIALIZED (
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
     WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT 0) AND (SELECT %[6]d) AND %[3]s
@@ -207,7 +219,7 @@ ins AS (
     WHERE l.leased_until <= excluded.leased_until - $3::bigint * interval '1 microsecond'
     RETURNING l.id, l.attempts)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
-FROM ins JOIN c ON c.id = ins.id`, t, leases, due, leaseMap, leaseUntil, slotCount-1)
+FROM ins JOIN c ON c.id = ins.id`, t, leases, due, leaseMap, leaseUntil, slotCount-1, head)
 	}
 	return queries{
 		// "Now" is one clock reading taken once the statement runs, after
@@ -256,8 +268,21 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		// candidates with a nested loop: a million comparisons, 200-430 ms
 		// per claim (auto_explain, "Rows Removed by Join Filter: 999000").
 		// Nested loops are turned off too: the claim has no other join.
-		plan: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true)",
-		lock: "SELECT pg_advisory_xact_lock($1)",
+		//
+		// Sequential scans are off too: a cached plan made while the lease
+		// table was small would go on scanning it whole once it has grown
+		// dead rows between two VACUUMs.
+		//
+		// And JIT: a disabled plan node costs 1e10 in the planner's
+		// arithmetic, far above jit_above_cost, and compiling the claim with
+		// LLVM took 600 ms for a claim that runs in under one.
+		plan: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
+
+		// Write-backs read the lease table by id; with a plan cached while
+		// it was small they would scan it whole (see plan).
+		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
+		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
+		lock:          "SELECT pg_advisory_xact_lock($1)",
 
 		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),
 	}
@@ -311,7 +336,7 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 	if len(p.IDs) == 0 {
 		return nil
 	}
-	if _, err := s.pool.Exec(ctx, s.q.ack, p.IDs, p.WorkerID); err != nil {
+	if err := s.exec(ctx, false, s.q.ack, p.IDs, p.WorkerID); err != nil {
 		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return nil
@@ -350,13 +375,21 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 // lease expired) while skipping it as locked, and hand out a later row of the
 // same key ahead of it.
 func (s *Storage) writeBack(ctx context.Context, sql string, args ...any) error {
-	if s.config.DisableStrictOrdering {
-		_, err := s.pool.Exec(ctx, sql, args...)
-		return err
-	}
+	return s.exec(ctx, !s.config.DisableStrictOrdering, sql, args...)
+}
+
+// exec runs a write-back in its own transaction, with the planner settings
+// and, when lock is set, the advisory lock first: one round trip.
+func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) error {
 	b := &pgx.Batch{}
-	b.Queue(s.q.lock, s.lockKey)
+	b.Queue("BEGIN")
+	if lock {
+		b.Queue(s.q.writePlanLock, s.lockKey)
+	} else {
+		b.Queue(s.q.writePlan)
+	}
 	b.Queue(sql, args...)
+	b.Queue("COMMIT")
 	return s.pool.SendBatch(ctx, b).Close()
 }
 
