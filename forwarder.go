@@ -594,7 +594,7 @@ func (f *Forwarder) publishOne(parent context.Context, rec *storage.Record, now 
 	if rec.Key != "" {
 		msg.Metadata[MetadataKey] = rec.Key
 	}
-	ctx := &deliveryContext{Context: parent, d: Delivery{Record: *rec, Topic: rec.Topic, WorkerID: f.config.WorkerID, MaxAttempts: f.config.MaxAttempts}}
+	ctx := &deliveryContext{Context: parent, rec: rec, f: f}
 	if f.config.PublishTimeout > 0 {
 		ctx.deadline = now.Add(f.config.PublishTimeout)
 		defer ctx.release()
@@ -604,13 +604,15 @@ func (f *Forwarder) publishOne(parent context.Context, rec *storage.Record, now 
 }
 
 // deliveryContext is the context of a message in the publish chain: it
-// carries the Delivery and the publish deadline in one allocation. The timer
-// behind the deadline is only made when someone waits on Done (a target or
+// carries the record and the publish deadline in one small allocation (the
+// Delivery is built only for middleware that asks for it). The timer behind
+// the deadline is only made when someone waits on Done (a target or
 // middleware that honours the context); the lane enforces the deadline either
 // way.
 type deliveryContext struct {
 	context.Context // the round's publish context
-	d               Delivery
+	rec             *storage.Record
+	f               *Forwarder
 	deadline        time.Time // zero: no publish timeout
 
 	once     sync.Once
@@ -621,7 +623,7 @@ type deliveryContext struct {
 
 func (c *deliveryContext) Value(key any) any {
 	if key == (deliveryKey{}) {
-		return &c.d
+		return &Delivery{Record: *c.rec, Topic: c.rec.Topic, WorkerID: c.f.config.WorkerID, MaxAttempts: c.f.config.MaxAttempts}
 	}
 	return c.Context.Value(key)
 }
@@ -688,8 +690,13 @@ func (f *Forwarder) callHandler(msg *message.Message) (err error) {
 
 // publish is the innermost handler: the publish to the target.
 func (f *Forwarder) publish(msg *message.Message) ([]*message.Message, error) {
-	d, _ := DeliveryFromContext(msg.Context())
-	topic := d.Topic
+	var topic string
+	if c, ok := msg.Context().(*deliveryContext); ok {
+		topic = c.rec.Topic // the context as the forwarder made it
+	} else {
+		d, _ := DeliveryFromContext(msg.Context()) // a middleware wrapped it
+		topic = d.Topic
+	}
 	if topic == "" {
 		return nil, errors.New("message has no outbox delivery in its context (did a middleware replace the context?)")
 	}

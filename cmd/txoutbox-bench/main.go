@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/txoutbox/txoutbox"
 )
@@ -64,6 +65,7 @@ type options struct {
 	quick       bool
 	deleteOnAck bool
 	peer        bool   // run Watermill's forwarder too
+	repeat      int    // drain runs per setting; the median is reported
 	cpuProfile  string // write a CPU profile of this process here
 }
 
@@ -124,6 +126,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.runTimeout, "run-timeout", 5*time.Minute, "bound on each run; a run that outlives it counts its undelivered messages as lost")
 	fs.BoolVar(&o.quick, "quick", false, "tiny smoke workload (small sizes for the flags not given)")
 	fs.BoolVar(&o.deleteOnAck, "delete-on-ack", false, "txoutbox: postgres.Config.DeleteOnAck (delete delivered rows instead of marking them)")
+	fs.IntVar(&o.repeat, "repeat", 1, "drain runs of each relay per setting, alternating; the median rate is reported")
 	fs.BoolVar(&o.peer, "peer", true, "also run Watermill's forwarder (false: txoutbox only, no ratios; for profiling)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (relays included) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -192,9 +195,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			}
 		}
 	}
-	for _, v := range append(append([]int{o.messages, o.perTx, o.producers, o.rate}, o.batches...), o.forwarders...) {
+	for _, v := range append(append([]int{o.messages, o.perTx, o.producers, o.rate, o.repeat}, o.batches...), o.forwarders...) {
 		if v <= 0 {
-			return o, errors.New("-messages, -per-tx, -producers, -rate, -batch and -forwarders must be > 0")
+			return o, errors.New("-messages, -per-tx, -producers, -rate, -repeat, -batch and -forwarders must be > 0")
 		}
 	}
 	if o.keys < 0 || o.payload < 0 {
@@ -244,6 +247,8 @@ type bench struct {
 	payload []byte
 	inserts map[string][]float64 // producer msgs/s per relay
 	cpu     cpuMeter
+
+	checkpointWarned bool
 }
 
 func run(ctx context.Context, o options, out io.Writer) (int, error) {
@@ -263,8 +268,8 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 		defer pprof.StopCPUProfile()
 	}
 	start := time.Now()
-	fmt.Fprintf(out, "txoutbox-bench %s: messages=%d keys=%d payload=%dB per-tx=%d producers=%d poll=%s delete-on-ack=%v\n",
-		start.Format(time.RFC3339), o.messages, o.keys, o.payload, o.perTx, o.producers, o.poll, o.deleteOnAck)
+	fmt.Fprintf(out, "txoutbox-bench %s: messages=%d keys=%d payload=%dB per-tx=%d producers=%d poll=%s delete-on-ack=%v repeat=%d\n",
+		start.Format(time.RFC3339), o.messages, o.keys, o.payload, o.perTx, o.producers, o.poll, o.deleteOnAck, o.repeat)
 	steps := []struct {
 		name string
 		fn   func(context.Context) error
@@ -518,6 +523,9 @@ func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n in
 		return oc, err
 	}
 	b.inserts[kind] = append(b.inserts[kind], oc.insert)
+	if err := b.settle(ctx); err != nil {
+		return oc, err
+	}
 	s := newSink(n, b.o.keys, latency, false)
 	cpu0 := b.cpu.sample()
 	start := time.Now()
@@ -537,6 +545,25 @@ func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n in
 	}
 	b.finish(&oc, s)
 	return oc, ctx.Err()
+}
+
+// settle puts the database in the same state before every timed drain, so
+// that runs compare: a checkpoint, so that no run pays for another's dirty
+// pages or starts in the middle of a checkpoint. It does not ANALYZE: each
+// relay runs on the statistics autovacuum left it, as after a burst in
+// production. CHECKPOINT needs a superuser or pg_checkpoint; without it the
+// runs are noisier.
+func (b *bench) settle(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, b.o.url)
+	if err != nil {
+		return fmt.Errorf("settle: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil && !b.checkpointWarned {
+		b.checkpointWarned = true
+		b.progress("no CHECKPOINT between runs (%v): expect noisier figures", err)
+	}
+	return nil
 }
 
 func (b *bench) newRelay(kind string, cfg relayConfig) relay {
@@ -585,10 +612,35 @@ func (b *bench) drain(ctx context.Context) error {
 				for _, fw := range b.o.forwarders {
 					for _, strict := range b.o.stricts {
 						cfg := relayConfig{batch: batch, concurrency: conc, strict: strict, poll: b.o.poll, forwarders: fw}
-						b.progress("drain txoutbox latency=%s batch=%d concurrency=%d forwarders=%d strict=%s", lat, batch, conc, fw, onOff(strict))
-						t, err := b.drainRun(ctx, "txo", cfg, b.o.messages, lat)
-						if err != nil {
-							return err
+						wkey := fmt.Sprint(lat, batch, fw)
+						w, haveW := wmCache[wkey]
+						var tRuns, wRuns []outcome
+						// Repeats alternate the two relays, so that a slow
+						// moment of the machine hits both.
+						for rep := range b.o.repeat {
+							b.progress("drain txoutbox latency=%s batch=%d concurrency=%d forwarders=%d strict=%s (run %d of %d)", lat, batch, conc, fw, onOff(strict), rep+1, b.o.repeat)
+							t, err := b.drainRun(ctx, "txo", cfg, b.o.messages, lat)
+							if err != nil {
+								return err
+							}
+							tRuns = append(tRuns, t)
+							if !haveW && b.o.peer {
+								n := b.o.messages
+								if lat > 0 {
+									n = min(n, b.o.wmLatMsgs)
+								}
+								b.progress("drain watermill latency=%s batch=%d forwarders=%d messages=%d (run %d of %d)", lat, batch, fw, n, rep+1, b.o.repeat)
+								w, err := b.drainRun(ctx, "wm", cfg, n, lat)
+								if err != nil {
+									return err
+								}
+								wRuns = append(wRuns, w)
+							}
+						}
+						t := medianRun(tRuns)
+						if !haveW && b.o.peer {
+							w = medianRun(wRuns)
+							wmCache[wkey] = w
 						}
 						sk := scaleKey{lat, batch, conc, strict}
 						if txoByFw[sk] == nil {
@@ -596,19 +648,6 @@ func (b *bench) drain(ctx context.Context) error {
 							order = append(order, sk)
 						}
 						txoByFw[sk][fw] = t
-						wkey := fmt.Sprint(lat, batch, fw)
-						w, ok := wmCache[wkey]
-						if !ok && b.o.peer {
-							n := b.o.messages
-							if lat > 0 {
-								n = min(n, b.o.wmLatMsgs)
-							}
-							b.progress("drain watermill latency=%s batch=%d forwarders=%d messages=%d", lat, batch, fw, n)
-							if w, err = b.drainRun(ctx, "wm", cfg, n, lat); err != nil {
-								return err
-							}
-							wmCache[wkey] = w
-						}
 						settings := fmt.Sprintf("latency=%s batch=%d fwd=%d strict=%s conc=%d", lat, batch, fw, onOff(strict), conc)
 						if w.n != t.n && w.n > 0 {
 							settings += fmt.Sprintf(" (wm %d msgs)", w.n)
@@ -641,6 +680,21 @@ func (b *bench) drain(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// medianRun returns the run with the median rate, with the duplicates, losses
+// and reorders of all the runs added up.
+func medianRun(runs []outcome) outcome {
+	sorted := slices.Clone(runs)
+	slices.SortFunc(sorted, func(a, b outcome) int { return cmp.Compare(a.rate, b.rate) })
+	m := sorted[len(sorted)/2]
+	m.dup, m.lost, m.reorders = 0, 0, 0
+	for _, r := range runs {
+		m.dup += r.dup
+		m.lost += r.lost
+		m.reorders += r.reorders
+	}
+	return m
 }
 
 func median(v []float64) float64 {

@@ -24,7 +24,7 @@ const memberTTL = 10 * time.Second
 // queries holds the statements of one storage, built once in New.
 type queries struct {
 	claim, ack, nack, release, deadLetter string
-	plan, lock, leave                     string
+	plan, planLock, leave                 string
 	writePlan, writePlanLock              string
 }
 
@@ -260,8 +260,8 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		// every pending row and sorting them (on disk, payloads included):
 		// 70 ms instead of 19 for 1000 rows over a 30k backlog, and growing
 		// with it. Sorting is turned off for the claim's transaction only
-		// (is_local: the claim runs in an explicit transaction, sent with
-		// BEGIN and COMMIT in the same round trip).
+		// (is_local: the settings and the claim are sent as one batch, one
+		// round trip, which PostgreSQL runs as one implicit transaction).
 		//
 		// The same stale estimates (one candidate row) made the generic plan
 		// of the prepared statement join the 1000 leases to the 1000
@@ -276,41 +276,38 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		// And JIT: a disabled plan node costs 1e10 in the planner's
 		// arithmetic, far above jit_above_cost, and compiling the claim with
 		// LLVM took 600 ms for a claim that runs in under one.
-		plan: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
+		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
+		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
 
 		// Write-backs read the lease table by id; with a plan cached while
 		// it was small they would scan it whole (see plan).
 		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
 		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
-		lock:          "SELECT pg_advisory_xact_lock($1)",
 
 		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),
 	}
 }
 
-// Claim implements [storage.Storage]. It sends BEGIN, the planner settings,
-// with strict ordering the advisory lock, the claim and COMMIT as one batch:
-// one round trip, one transaction, and the claim's snapshot is taken after
-// the lock is held.
+// Claim implements [storage.Storage]. It sends the planner settings (with
+// strict ordering also the advisory lock) and the claim as one batch: one
+// round trip, one implicit transaction, and the claim's snapshot is taken
+// after the lock is held.
 func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 || p.WorkerID == "" {
 		return nil, fmt.Errorf("claim outbox rows: need BatchSize > 0, Lease > 0 and a WorkerID (got %d, %s, %q)", p.BatchSize, p.Lease, p.WorkerID)
 	}
 	args := []any{p.BatchSize, p.WorkerID, p.Lease.Microseconds()}
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(s.q.plan)
-	if !s.config.DisableStrictOrdering {
-		b.Queue(s.q.lock, s.lockKey)
+	if s.config.DisableStrictOrdering {
+		b.Queue(s.q.plan)
+	} else {
+		b.Queue(s.q.planLock, s.lockKey)
 	}
 	b.Queue(s.q.claim, args...)
-	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
-	for range b.Len() - 2 {
-		if _, err := br.Exec(); err != nil {
-			return nil, fmt.Errorf("claim outbox rows from %s: begin, planner settings or advisory lock: %w", s.table, err)
-		}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("claim outbox rows from %s: planner settings or advisory lock: %w", s.table, err)
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -320,11 +317,9 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	if err != nil {
 		return nil, err
 	}
-	// A failed commit means the lease was not taken, so the records must not
-	// be handed out.
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: commit: %w", s.table, err)
-	}
+	// The batch is one implicit transaction, committed at its end: a failed
+	// commit means the leases were not taken, so the records must not be
+	// handed out.
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: commit: %w", s.table, err)
 	}
@@ -378,18 +373,16 @@ func (s *Storage) writeBack(ctx context.Context, sql string, args ...any) error 
 	return s.exec(ctx, !s.config.DisableStrictOrdering, sql, args...)
 }
 
-// exec runs a write-back in its own transaction, with the planner settings
-// and, when lock is set, the advisory lock first: one round trip.
+// exec runs a write-back with the planner settings and, when lock is set,
+// the advisory lock first: one round trip, one (implicit) transaction.
 func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) error {
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
 	if lock {
 		b.Queue(s.q.writePlanLock, s.lockKey)
 	} else {
 		b.Queue(s.q.writePlan)
 	}
 	b.Queue(sql, args...)
-	b.Queue("COMMIT")
 	return s.pool.SendBatch(ctx, b).Close()
 }
 
