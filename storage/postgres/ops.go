@@ -21,6 +21,12 @@ const slotCount = 256
 // stopped without [Storage.Leave] go to the others soon.
 const memberTTL = 10 * time.Second
 
+// slotOf is the slot of a row from its key and id columns, as the outbox
+// table's generated slot column computes it.
+func slotOf(key, id string) string {
+	return fmt.Sprintf("(CASE WHEN %[1]s = '' THEN %[2]s %% %[3]d ELSE hashtext(%[1]s) & %[4]d END)", key, id, slotCount, slotCount-1)
+}
+
 // queries holds the statements of one storage, built once in New.
 type queries struct {
 	claim, ack, nack, release, deadLetter string
@@ -56,10 +62,10 @@ func buildQueries(t, leases, workers string, strict bool, visibility time.Durati
 		hold = fmt.Sprintf(`(SELECT jsonb_object_agg(h.key, h.first) FROM (
         SELECT u.key, min(u.id) AS first FROM (
             SELECT l.key, l.id FROM %[2]s l
-            WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''
+            WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''%%[1]s
             UNION ALL
             SELECT e.key, e.id FROM %[1]s e
-            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)
+            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)%%[2]s
         ) u GROUP BY u.key) h)`, t, leases)
 	}
 	// Every write-back deletes the worker's lease and updates the outbox row
@@ -133,7 +139,10 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 		// served until it drops out, and a small backlog goes out at once
 		// whoever owns it. Which slots a worker walks never decides what is
 		// claimable: every key lives in one slot, and the held-back check is
-		// the same for all of them.
+		// the same for all of them. The maps of the own walk are built from
+		// the leases and rescheduled rows of the own slots only (with four
+		// forwarders, a quarter of the leases in flight); the others' walks,
+		// which seldom run, build theirs from all of them.
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until) VALUES ($2, (SELECT t FROM clk) + interval '%[8]d microseconds')
@@ -141,17 +150,23 @@ hb AS (
 gone AS (
     DELETE FROM %[7]s WHERE seen_until < (SELECT t FROM clk) - interval '%[8]d microseconds' AND worker_id <> $2),
 %[10]s
-ls AS MATERIALIZED (
-    SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m,
-        array_agg(DISTINCT x.leased_by) FILTER (WHERE x.leased_until > (SELECT t FROM clk)) AS holders
-    FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
-hm AS MATERIALIZED (SELECT %[4]s AS m),
+lh AS MATERIALIZED (
+    SELECT array_agg(DISTINCT x.leased_by) AS holders FROM %[2]s x
+    WHERE x.id >= (SELECT id FROM head) AND x.leased_until > (SELECT t FROM clk)),
 own AS MATERIALIZED (
     SELECT n.r * %[9]d / n.f AS lo, (n.r + 1) * %[9]d / n.f - 1 AS hi FROM (
         SELECT count(*) AS f, count(*) FILTER (WHERE w.id < $2) AS r FROM (
             SELECT worker_id AS id FROM %[7]s WHERE seen_until > (SELECT t FROM clk)
-            UNION SELECT unnest(holders) FROM ls
+            UNION SELECT unnest(holders) FROM lh
             UNION SELECT $2) w) n),
+ls AS MATERIALIZED (
+    SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m
+    FROM %[2]s x WHERE x.id >= (SELECT id FROM head) AND %[11]s BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)),
+hm AS MATERIALIZED (SELECT %[12]s AS m),
+lsx AS MATERIALIZED (
+    SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m
+    FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
+hmx AS MATERIALIZED (SELECT %[13]s AS m),
 c AS MATERIALIZED (
     SELECT * FROM (
         SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
@@ -164,7 +179,7 @@ c AS MATERIALIZED (
         LIMIT $1) mine
     UNION ALL
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-        (SELECT m FROM ls) ? o.id::text
+        (SELECT m FROM lsx) ? o.id::text
     FROM (
         SELECT * FROM (
             SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
@@ -176,8 +191,8 @@ c AS MATERIALIZED (
             FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1
             ORDER BY p.id LIMIT $1) above) o
     WHERE %[3]s
-      AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
-      AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
+      AND NOT COALESCE(((SELECT m FROM lsx) -> o.id::text)::boolean, false)
+      AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hmx) ->> o.key)::bigint, 9223372036854775807))
     LIMIT $1),
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
@@ -189,7 +204,13 @@ ins AS (
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
-FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head)
+FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
+			slotOf("x.key", "x.id"),
+			// Not e.slot: as an index condition it would make the planner
+			// walk the pending index for the few rescheduled rows.
+			fmt.Sprintf(hold, " AND "+slotOf("l.key", "l.id")+" BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)",
+				" AND "+slotOf("e.key", "e.id")+" BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)"),
+			fmt.Sprintf(hold, "", ""))
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather

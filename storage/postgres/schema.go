@@ -33,8 +33,7 @@ func (s *Storage) SchemaSQL() string {
     delivered_at TIMESTAMPTZ,
     -- Key slot: claimers with strict ordering share the slots, so that they
     -- work on disjoint keys. Every row of a key has the same slot.
-    slot         SMALLINT    NOT NULL GENERATED ALWAYS AS
-                 ((CASE WHEN key = '' THEN id %% %[8]d ELSE hashtext(key) & %[9]d END)::smallint) STORED
+    slot         SMALLINT    NOT NULL GENERATED ALWAYS AS (%[8]s::smallint) STORED
 );
 
 -- Leases live in their own narrow table: a claim inserts one small row per
@@ -76,7 +75,7 @@ CREATE INDEX IF NOT EXISTS %[5]s ON %[1]s (delivered_at) WHERE status = 'deliver
 CREATE INDEX IF NOT EXISTS %[6]s ON %[1]s (topic, id) WHERE status = 'dead';
 `, t, s.leases,
 		idx("pending_idx"), idx("rescheduled_idx"), idx("delivered_idx"), idx("dead_idx"),
-		s.workers, slotCount, slotCount-1)
+		s.workers, slotOf("key", "id"))
 
 	if ch := s.config.NotifyChannel; ch != "" {
 		fn := append(s.ident[:len(s.ident)-1:len(s.ident)-1], derivedName(s.ident, "notify")).Sanitize()
