@@ -463,6 +463,7 @@ func (b *bench) produceAt(ctx context.Context, r relay, n, rate int) error {
 // outcome is what one relay did in one run.
 type outcome struct {
 	rate      float64 // msgs/s
+	sustained float64 // msgs/s between a tenth and nine tenths delivered
 	insert    float64 // producer msgs/s, when measured
 	dup, lost int64
 	reorders  int64
@@ -537,6 +538,9 @@ func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n in
 	cpu1 := b.cpu.sample()
 	stop()
 	oc.n = n
+	if a, b := s.tenthAt.Load(), s.nineTenthsAt.Load(); a > 0 && b > a {
+		oc.sustained = float64(n*9/10-n/10) / time.Duration(b-a).Seconds()
+	}
 	if db, self, ok := perMessage(cpu0, cpu1, n); ok {
 		oc.cpu = fmt.Sprintf("%.1f+%.1f", db, self)
 	}
@@ -674,8 +678,9 @@ func (b *bench) drain(ctx context.Context) error {
 			w1, wn := wmCache[fmt.Sprint(sk.lat, sk.batch, lo)], wmCache[fmt.Sprint(sk.lat, sk.batch, hi)]
 			b.rows = append(b.rows, row{
 				scenario: "scaling",
-				settings: fmt.Sprintf("latency=%s batch=%d strict=%s conc=%d: fwd=%d / fwd=%d", sk.lat, sk.batch, onOff(sk.strict), sk.conc, hi, lo),
-				txo:      ratio(tn.rate, t1.rate), wm: ratio(wn.rate, w1.rate), ratio: "-", txoDL: "-", wmDL: "-",
+				settings: fmt.Sprintf("latency=%s batch=%d strict=%s conc=%d: fwd=%d / fwd=%d (sustained: txo %s, wm %s)", sk.lat, sk.batch, onOff(sk.strict), sk.conc, hi, lo,
+					ratio(tn.sustained, t1.sustained), ratio(wn.sustained, w1.sustained)),
+				txo: ratio(tn.rate, t1.rate), wm: ratio(wn.rate, w1.rate), ratio: "-", txoDL: "-", wmDL: "-",
 			})
 		}
 	}

@@ -31,6 +31,9 @@ type sink struct {
 	done     chan struct{}
 	doneOnce sync.Once
 	doneAt   atomic.Int64 // unix nanos of the delivery that completed the target
+	// unix nanos when a tenth and nine tenths of the target were delivered:
+	// the sustained rate leaves out the start and the tail of a drain.
+	tenthAt, nineTenthsAt atomic.Int64
 
 	recordLatency bool
 	mu            sync.Mutex
@@ -91,7 +94,17 @@ func (s *sink) Publish(_ string, msgs ...*message.Message) error {
 				s.mu.Unlock()
 			}
 		}
-		if s.counts[idx].Add(1) == 1 && s.unique.Add(1) == s.target {
+		if s.counts[idx].Add(1) != 1 {
+			continue
+		}
+		u := s.unique.Add(1)
+		switch u {
+		case s.target / 10:
+			s.tenthAt.Store(time.Now().UnixNano())
+		case s.target * 9 / 10:
+			s.nineTenthsAt.Store(time.Now().UnixNano())
+		}
+		if u == s.target {
 			s.doneOnce.Do(func() {
 				s.doneAt.Store(time.Now().UnixNano())
 				close(s.done)

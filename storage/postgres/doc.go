@@ -39,8 +39,9 @@
 // ordering a claim walks past every pending row of a key another worker
 // holds. So every row carries a slot (a hash of its key, or of its id when
 // keyless, in a generated column), and the workers claiming from one table
-// share the 256 slots: the workers that claimed in the last ten seconds or
-// hold live leases (the worker table, [Storage.WorkerTable]) are sorted by
+// share the 256 slots: the workers that claimed in the last ten seconds, or
+// within their lease when that is longer (the worker table,
+// [Storage.WorkerTable]), are sorted by
 // worker id and each owns one contiguous range. A claim walks its own slots
 // (checked in the pending index, so other slots cost nothing); when they do
 // not fill the batch it also looks at the head of the others'. One forwarder

@@ -15,10 +15,11 @@ import (
 // claimers get slots of their own.
 const slotCount = 256
 
-// memberTTL is how long a worker counts as claiming after its last claim,
-// unless it holds live leases: long enough to cover a forwarder's idle poll
-// (PollMax, 5s by default), short enough that the slots of a worker that
-// stopped without [Storage.Leave] go to the others soon.
+// memberTTL is how long a worker counts as claiming after its last claim, or
+// its lease if that is longer (a round must end within its lease): long
+// enough to cover a forwarder's idle poll (PollMax, 5s by default), short
+// enough that the slots of a worker that stopped without [Storage.Leave] go
+// to the others soon.
 const memberTTL = 10 * time.Second
 
 // slotOf is the slot of a row from its key and id columns, as the outbox
@@ -30,7 +31,7 @@ func slotOf(key, id string) string {
 // queries holds the statements of one storage, built once in New.
 type queries struct {
 	claim, ack, nack, release, deadLetter string
-	plan, planLock, leave                 string
+	plan, planLock, leave, join           string
 	writePlan, writePlanLock              string
 }
 
@@ -127,7 +128,8 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 		//
 		// Key slots: every row has a slot (hash of its key, or its id when
 		// keyless; a generated column). The workers that claimed in the last
-		// memberTTL or hold live leases share the slots: sorted by worker id,
+		// memberTTL, or in the last lease when that is longer (a round that
+		// is still publishing holds its keys), share the slots: sorted by worker id,
 		// each owns one contiguous range, and a claim walks the pending rows
 		// of its own slots (the slot range is a condition on the pending
 		// index, so other slots' rows cost no heap visit). Workers then hold
@@ -145,19 +147,16 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 		// which seldom run, build theirs from all of them.
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
 hb AS (
-    INSERT INTO %[7]s (worker_id, seen_until) VALUES ($2, (SELECT t FROM clk) + interval '%[8]d microseconds')
+    INSERT INTO %[7]s (worker_id, seen_until)
+    VALUES ($2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond'))
     ON CONFLICT (worker_id) DO UPDATE SET seen_until = excluded.seen_until),
 gone AS (
     DELETE FROM %[7]s WHERE seen_until < (SELECT t FROM clk) - interval '%[8]d microseconds' AND worker_id <> $2),
 %[10]s
-lh AS MATERIALIZED (
-    SELECT array_agg(DISTINCT x.leased_by) AS holders FROM %[2]s x
-    WHERE x.id >= (SELECT id FROM head) AND x.leased_until > (SELECT t FROM clk)),
 own AS MATERIALIZED (
     SELECT n.r * %[9]d / n.f AS lo, (n.r + 1) * %[9]d / n.f - 1 AS hi FROM (
         SELECT count(*) AS f, count(*) FILTER (WHERE w.id < $2) AS r FROM (
             SELECT worker_id AS id FROM %[7]s WHERE seen_until > (SELECT t FROM clk)
-            UNION SELECT unnest(holders) FROM lh
             UNION SELECT $2) w) n),
 ls AS MATERIALIZED (
     SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m
@@ -306,6 +305,8 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
 
 		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),
+		join: fmt.Sprintf(`INSERT INTO %s (worker_id, seen_until) VALUES ($1, clock_timestamp() + interval '%d microseconds')
+ON CONFLICT (worker_id) DO UPDATE SET seen_until = GREATEST(%[1]s.seen_until, excluded.seen_until)`, workers, memberTTL.Microseconds()),
 	}
 }
 
@@ -407,9 +408,22 @@ func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) 
 	return s.pool.SendBatch(ctx, b).Close()
 }
 
-// Leave implements [storage.Leaver]: the worker stops counting as a claimer at
-// once, so the other workers share its key slots from their next claim on
-// instead of after memberTTL. The forwarder calls it when Run returns.
+// Join implements [storage.Membership]: the worker counts as a claimer for
+// memberTTL from now, so that the others leave it its share of the key slots
+// from their next claim on. A claim joins too; the forwarder calls Join when
+// Run starts, so that forwarders started together do not all claim from
+// every slot at first.
+func (s *Storage) Join(ctx context.Context, workerID string) error {
+	if _, err := s.pool.Exec(ctx, s.q.join, workerID); err != nil {
+		return fmt.Errorf("join %s as worker %q: %w", s.workers, workerID, err)
+	}
+	return nil
+}
+
+// Leave implements [storage.Membership]: the worker stops counting as a
+// claimer at once, so the other workers share its key slots from their next
+// claim on instead of after memberTTL. The forwarder calls it when Run
+// returns.
 func (s *Storage) Leave(ctx context.Context, workerID string) error {
 	if _, err := s.pool.Exec(ctx, s.q.leave, workerID); err != nil {
 		return fmt.Errorf("leave %s as worker %q: %w", s.workers, workerID, err)

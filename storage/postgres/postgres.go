@@ -123,7 +123,8 @@ func parseTable(name string) (pgx.Identifier, error) {
 
 // Storage is the PostgreSQL outbox storage over a pgx pool. It implements
 // [storage.Storage], [storage.Inserter], [storage.StatsReader] and
-// [storage.Maintainer] and [storage.Leaver], and is safe for concurrent use.
+// [storage.Maintainer] and [storage.Membership], and is safe for concurrent
+// use.
 type Storage struct {
 	pool   *pgxpool.Pool
 	config Config
@@ -142,7 +143,7 @@ var (
 	_ storage.Inserter    = (*Storage)(nil)
 	_ storage.StatsReader = (*Storage)(nil)
 	_ storage.Maintainer  = (*Storage)(nil)
-	_ storage.Leaver      = (*Storage)(nil)
+	_ storage.Membership  = (*Storage)(nil)
 )
 
 // New returns a storage over pool. It validates config and does not touch the

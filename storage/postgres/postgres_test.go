@@ -946,17 +946,31 @@ func TestSlotsShareKeysAmongWorkers(t *testing.T) {
 		t.Fatalf("%d rows left pending in the slots of a worker that stopped claiming", left)
 	}
 
-	// A worker whose registration expired but who holds live leases still
-	// counts (it is in a long round): w-a keeps to its half.
+	// A worker counts for memberTTL after its claim, or for its lease when
+	// that is longer: a round that is still publishing keeps its keys.
 	var more []storage.Record
 	for i := range 1000 {
 		more = append(more, rec(fmt.Sprintf("m%d", i%300)))
 	}
 	insert(t, s, more...)
-	claim(t, s, "w-d", 1, time.Minute)
-	_, err = s.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET seen_until = now() - interval '1 hour' WHERE worker_id = 'w-d'", s.workers))
+	claim(t, s, "w-d", 1, time.Hour)
+	var secs int
+	must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT extract(epoch FROM seen_until - now())::int FROM %s WHERE worker_id = 'w-d'", s.workers)).Scan(&secs))
+	if secs < 3500 {
+		t.Fatalf("w-d, with a lease of an hour, counts for %d s more, want about 3600", secs)
+	}
+	// Once every other registration has run out, w-a owns every slot; a
+	// worker that joins without claiming takes its share at once.
+	_, err = s.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET seen_until = now() - interval '1 second' WHERE worker_id <> 'w-a'", s.workers))
 	must(t, err)
+	must(t, s.Join(ctx, "w-z"))
 	if got := claim(t, s, "w-a", 100, time.Minute); len(got) != 100 || !inRange(slotsOf(t, s, got), 0, slotCount/2-1) {
-		t.Fatalf("with w-d holding a lease, w-a claimed %d rows in slots %v: want 100 in the lower half", len(got), slotsOf(t, s, got))
+		t.Fatalf("with w-z joined, w-a claimed %d rows in slots %v: want 100 in the lower half", len(got), slotsOf(t, s, got))
+	}
+	must(t, s.Leave(ctx, "w-z"))
+	_, err = s.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET seen_until = now() - interval '1 second' WHERE worker_id <> 'w-a'", s.workers))
+	must(t, err)
+	if got := claim(t, s, "w-a", 300, time.Minute); len(got) != 300 || inRange(slotsOf(t, s, got), 0, slotCount/2-1) || inRange(slotsOf(t, s, got), slotCount/2, slotCount-1) {
+		t.Fatalf("alone again, w-a claimed %d rows in slots %v: want 300 from both halves", len(got), slotsOf(t, s, got))
 	}
 }
