@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -941,5 +942,66 @@ func TestForwarderAcksWithoutPublishTimeout(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// memberStorage records the Membership calls around the claims of a storage.
+type memberStorage struct {
+	storage.Storage
+	mu     sync.Mutex
+	events []string
+}
+
+func (m *memberStorage) log(e string) {
+	m.mu.Lock()
+	m.events = append(m.events, e)
+	m.mu.Unlock()
+}
+
+func (m *memberStorage) Join(_ context.Context, worker string) error {
+	m.log("join " + worker)
+	return nil
+}
+
+func (m *memberStorage) Leave(_ context.Context, worker string) error {
+	m.log("leave " + worker)
+	return nil
+}
+
+func (m *memberStorage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
+	m.log("claim " + p.WorkerID)
+	return m.Storage.Claim(ctx, p)
+}
+
+// TestForwarderJoinsAndLeaves: with a storage that keeps track of its
+// claimers, Run joins before its first claim and leaves when it returns,
+// after its last claim; RunOnce does neither.
+func TestForwarderJoinsAndLeaves(t *testing.T) {
+	s := &memberStorage{Storage: memory.New(memory.Config{})}
+	s.Storage.(*memory.Storage).Add(record("t", "k", "a"))
+	target := newRecorder()
+	cfg := fastConfig()
+	cfg.WorkerID = "w"
+	f := newForwarder(t, s, target, cfg)
+	if _, err := f.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	if !slices.Equal(s.events, []string{"claim w"}) {
+		t.Fatalf("RunOnce: %v, want one claim and no membership calls", s.events)
+	}
+	s.events = nil
+	s.mu.Unlock()
+	stop := runForwarder(t, f)
+	waitFor(t, 10*time.Second, "a claim by Run", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.events) >= 2
+	})
+	stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.events); n < 3 || s.events[0] != "join w" || s.events[1] != "claim w" || s.events[n-1] != "leave w" {
+		t.Fatalf("Run: %v, want join, claims, leave", s.events)
 	}
 }
