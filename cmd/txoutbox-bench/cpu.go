@@ -1,13 +1,14 @@
 package main
 
 import (
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // cpuMeter reads the CPU time used so far by the PostgreSQL server (when it
@@ -18,12 +19,12 @@ type cpuMeter struct {
 }
 
 func newCPUMeter(dbURL string) cpuMeter {
-	u, err := url.Parse(dbURL)
+	cfg, err := pgx.ParseConfig(dbURL) // URLs and key=value strings alike
 	if err != nil {
 		return cpuMeter{}
 	}
-	switch h := u.Hostname(); h {
-	case "", "localhost", "127.0.0.1", "::1":
+	switch h := cfg.Host; {
+	case h == "localhost", h == "127.0.0.1", h == "::1", strings.HasPrefix(h, "/"): // a Unix socket
 	default:
 		return cpuMeter{}
 	}

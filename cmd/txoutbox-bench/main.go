@@ -541,7 +541,7 @@ func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n in
 	if a, b := s.tenthAt.Load(), s.nineTenthsAt.Load(); a > 0 && b > a {
 		oc.sustained = float64(n*9/10-n/10) / time.Duration(b-a).Seconds()
 	}
-	if db, self, ok := perMessage(cpu0, cpu1, n); ok {
+	if db, self, ok := perMessage(cpu0, cpu1, int(s.unique.Load())); ok {
 		oc.cpu = fmt.Sprintf("%.1f+%.1f", db, self)
 	}
 	if at := s.doneAt.Load(); at > 0 {

@@ -1,9 +1,11 @@
 // Package postgres is the PostgreSQL storage of txoutbox, on pgx/v5.
 //
 // Records live in one table of your database, their live leases in a narrow
-// second one (see [Storage.SchemaSQL] for the full DDL). Producers insert into it inside their own transaction with
-// [Storage.Insert] (pgx.Tx or *sql.Tx on the pgx stdlib driver); forwarders
-// claim leased batches from it with one statement per claim.
+// second one, and the workers claiming from it in a tiny third one (see
+// [Storage.SchemaSQL] for the full DDL). Producers insert into it inside
+// their own transaction with [Storage.Insert] (pgx.Tx or *sql.Tx on the pgx
+// stdlib driver); forwarders claim leased batches from it with one statement
+// per claim.
 //
 // # Schema
 //
@@ -47,7 +49,9 @@
 // not fill the batch it also looks at the head of the others'. One forwarder
 // owns every slot and claims as if slots did not exist; four forwarders over
 // 1000 keys each hold about 250 keys and scale with them. A forwarder that
-// stops calls [Storage.Leave] so the others take its range at once. Which
+// stops calls [Storage.Leave] so the others take its range at once. Every
+// claim refreshes its worker row, so even an idle forwarder's poll is a
+// small write. Which
 // slots a worker walks never decides what may be claimed: a key lives in one
 // slot, and the check above is the same for all of them.
 //

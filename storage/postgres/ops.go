@@ -22,12 +22,6 @@ const slotCount = 256
 // to the others soon.
 const memberTTL = 10 * time.Second
 
-// slotOf is the slot of a row from its key and id columns, as the outbox
-// table's generated slot column computes it.
-func slotOf(key, id string) string {
-	return fmt.Sprintf("(CASE WHEN %[1]s = '' THEN %[2]s %% %[3]d ELSE hashtext(%[1]s) & %[4]d END)", key, id, slotCount, slotCount-1)
-}
-
 // queries holds the statements of one storage, built once in New.
 type queries struct {
 	claim, ack, nack, release, deadLetter string
@@ -63,10 +57,10 @@ func buildQueries(t, leases, workers string, strict bool, visibility time.Durati
 		hold = fmt.Sprintf(`(SELECT jsonb_object_agg(h.key, h.first) FROM (
         SELECT u.key, min(u.id) AS first FROM (
             SELECT l.key, l.id FROM %[2]s l
-            WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''%%[1]s
+            WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''
             UNION ALL
             SELECT e.key, e.id FROM %[1]s e
-            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)%%[2]s
+            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)
         ) u GROUP BY u.key) h)`, t, leases)
 	}
 	// Every write-back deletes the worker's lease and updates the outbox row
@@ -78,10 +72,11 @@ func buildQueries(t, leases, workers string, strict bool, visibility time.Durati
 			// Strict claims lock no outbox row (the advisory lock keeps
 			// claimers apart), so the lease is deleted first and the outbox
 			// row updated after it: a claim that takes over an expired lease
-			// waits for the DELETE and then finds the lease gone, and no lock
-			// is taken in the other order, so they cannot deadlock. Nack,
-			// release and dead-letter also take the advisory lock
-			// (writeBack); an ack does not need it (a delivered row holds
+			// waits for the DELETE and then finds the lease gone. Both lock
+			// lease rows in id order (see writePlan), and no outbox row lock
+			// is held by a claim, so they cannot deadlock. Nack and release
+			// also take the advisory lock (writeBack); an ack and a
+			// dead-letter do not need it (a delivered or dead row holds
 			// nothing back).
 			return fmt.Sprintf(`WITH l AS (DELETE FROM %s x WHERE x.id %s AND x.leased_by = $2 RETURNING %s)
 `, leases, ids, returning)
@@ -141,10 +136,11 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 		// served until it drops out, and a small backlog goes out at once
 		// whoever owns it. Which slots a worker walks never decides what is
 		// claimable: every key lives in one slot, and the held-back check is
-		// the same for all of them. The maps of the own walk are built from
-		// the leases and rescheduled rows of the own slots only (with four
-		// forwarders, a quarter of the leases in flight); the others' walks,
-		// which seldom run, build theirs from all of them.
+		// the same for all of them: the maps are built from every live lease
+		// and rescheduled row, not from the own slots' only, so that order
+		// per key never rests on every row of a key having the same slot
+		// (it would not, should hashtext change under a pg_upgrade with rows
+		// pending).
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
@@ -160,12 +156,8 @@ own AS MATERIALIZED (
             UNION SELECT $2) w) n),
 ls AS MATERIALIZED (
     SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m
-    FROM %[2]s x WHERE x.id >= (SELECT id FROM head) AND %[11]s BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)),
-hm AS MATERIALIZED (SELECT %[12]s AS m),
-lsx AS MATERIALIZED (
-    SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m
     FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
-hmx AS MATERIALIZED (SELECT %[13]s AS m),
+hm AS MATERIALIZED (SELECT %[4]s AS m),
 c AS MATERIALIZED (
     SELECT * FROM (
         SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
@@ -178,7 +170,7 @@ c AS MATERIALIZED (
         LIMIT $1) mine
     UNION ALL
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-        (SELECT m FROM lsx) ? o.id::text
+        (SELECT m FROM ls) ? o.id::text
     FROM (
         SELECT * FROM (
             SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
@@ -190,8 +182,8 @@ c AS MATERIALIZED (
             FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1
             ORDER BY p.id LIMIT $1) above) o
     WHERE %[3]s
-      AND NOT COALESCE(((SELECT m FROM lsx) -> o.id::text)::boolean, false)
-      AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hmx) ->> o.key)::bigint, 9223372036854775807))
+      AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
+      AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
     LIMIT $1),
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
@@ -203,13 +195,7 @@ ins AS (
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
-FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
-			slotOf("x.key", "x.id"),
-			// Not e.slot: as an index condition it would make the planner
-			// walk the pending index for the few rescheduled rows.
-			fmt.Sprintf(hold, " AND "+slotOf("l.key", "l.id")+" BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)",
-				" AND "+slotOf("e.key", "e.id")+" BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)"),
-			fmt.Sprintf(hold, "", ""))
+FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head)
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather
@@ -296,13 +282,19 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		// And JIT: a disabled plan node costs 1e10 in the planner's
 		// arithmetic, far above jit_above_cost, and compiling the claim with
 		// LLVM took 600 ms for a claim that runs in under one.
-		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
-		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
+		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
+		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
 
 		// Write-backs read the lease table by id; with a plan cached while
 		// it was small they would scan it whole (see plan).
-		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
-		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
+		//
+		// Bitmap scans are off in both: a plain index scan of the lease
+		// table's primary key with id = ANY(...) takes the rows in id order,
+		// so an ack and a claim taking over expired leases of the same
+		// batch lock them in the same order and cannot deadlock; a bitmap
+		// scan would take them in heap order.
+		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
+		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
 
 		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),
 		join: fmt.Sprintf(`INSERT INTO %s (worker_id, seen_until) VALUES ($1, clock_timestamp() + interval '%d microseconds')
@@ -380,7 +372,9 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 
 // DeadLetter implements [storage.Storage].
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
-	if _, err := s.pool.Exec(ctx, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
+	// No advisory lock: a dead row holds nothing back, so a claim running
+	// meanwhile may hand out the next row of its key either way.
+	if err := s.exec(ctx, false, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
 		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
 	}
 	return nil
@@ -389,8 +383,9 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 // writeBack runs a statement that makes leased rows unclaimable until a retry
 // time. With strict ordering it takes the claim lock first: a claim running
 // meanwhile could otherwise see such a row as claimable in its snapshot (its
-// lease expired) while skipping it as locked, and hand out a later row of the
-// same key ahead of it.
+// lease expired), fail to take it over (the write-back deleted the lease),
+// and still hand out a later row of the same key, which its snapshot shows
+// as not held back.
 func (s *Storage) writeBack(ctx context.Context, sql string, args ...any) error {
 	return s.exec(ctx, !s.config.DisableStrictOrdering, sql, args...)
 }

@@ -115,6 +115,12 @@ func (s *Storage) CreateSchema(ctx context.Context) error {
 	return nil
 }
 
+// slotOf is the slot of a row from its key and id columns, as the outbox
+// table's generated slot column computes it.
+func slotOf(key, id string) string {
+	return fmt.Sprintf("(CASE WHEN %[1]s = '' THEN %[2]s %% %[3]d ELSE hashtext(%[1]s) & %[4]d END)", key, id, slotCount, slotCount-1)
+}
+
 // derivedName names an object after the table ("outbox_pending_idx"). Names
 // that would pass 63 bytes are shortened with a hash of the table name, because
 // the server would truncate them and two indexes could end up with one name.
