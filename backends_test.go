@@ -72,6 +72,7 @@ type sqlStore struct {
 	pool  *pgxpool.Pool // postgres
 	table string
 	lease string // postgres: the lease table
+	done  string // postgres: the delivered table
 }
 
 func sqliteBackend() backend {
@@ -149,7 +150,7 @@ func newPostgresStorage(t *testing.T, pool *pgxpool.Pool, cfg postgres.Config) *
 	if err := s.CreateSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sqlStores.Store(storage.Storage(s), &sqlStore{pool: pool, table: schema + ".outbox", lease: s.LeaseTable()})
+	sqlStores.Store(storage.Storage(s), &sqlStore{pool: pool, table: schema + ".outbox", lease: s.LeaseTable(), done: s.DeliveredTable()})
 	return s
 }
 
@@ -238,7 +239,8 @@ func inspectSQL(t *testing.T, s storage.Storage, id int64) state {
 		err = st.db.QueryRow(q, id).Scan(&status, &out.Attempts, &out.LastError, &out.LeasedBy)
 	} else {
 		q := "SELECT o.status, coalesce(l.attempts, o.attempts), coalesce(o.last_error, ''), coalesce(l.leased_by, '') FROM " +
-			st.table + " o LEFT JOIN " + st.lease + " l ON l.id = o.id WHERE o.id = $1"
+			st.table + " o LEFT JOIN " + st.lease + " l ON l.id = o.id WHERE o.id = $1" +
+			" UNION ALL SELECT 'delivered', d.attempts, coalesce(d.last_error, ''), '' FROM " + st.done + " d WHERE d.id = $1"
 		err = st.pool.QueryRow(context.Background(), q, id).Scan(&status, &out.Attempts, &out.LastError, &out.LeasedBy)
 	}
 	if err != nil {

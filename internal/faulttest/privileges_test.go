@@ -20,8 +20,9 @@ import (
 
 // TestLeastPrivileges backs the privilege table of docs/reliability.md: a
 // producer role with INSERT on the table and USAGE on its sequence can
-// publish, a forwarder role with SELECT and UPDATE can claim, ack, nack,
-// release, dead-letter, re-drive, read stats and listen, and it needs DELETE
+// publish, a forwarder role with SELECT, UPDATE and DELETE on it (an ack moves
+// the row to the delivered table) can claim, ack, nack, release, dead-letter,
+// re-drive, read stats and listen, and it needs DELETE on the delivered table
 // only for Purge. Neither runs DDL.
 func TestLeastPrivileges(t *testing.T) {
 	admin := openPool(t, ApplicationNamePrefix+"-privileges", 4)
@@ -55,8 +56,9 @@ func TestLeastPrivileges(t *testing.T) {
 		"GRANT USAGE ON SCHEMA " + schema + " TO " + producer + ", " + forwarder,
 		"GRANT INSERT ON " + table + " TO " + producer,
 		"GRANT USAGE ON SEQUENCE " + table + "_id_seq TO " + producer,
-		"GRANT SELECT, UPDATE ON " + table + " TO " + forwarder,
+		"GRANT SELECT, UPDATE, DELETE ON " + table + " TO " + forwarder,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + owner.LeaseTable() + ", " + owner.WorkerTable() + " TO " + forwarder,
+		"GRANT SELECT, INSERT ON " + owner.DeliveredTable() + " TO " + forwarder,
 	} {
 		if _, err := admin.Exec(ctx, grant); err != nil {
 			t.Fatalf("%s: %v", grant, err)
@@ -164,9 +166,9 @@ func TestLeastPrivileges(t *testing.T) {
 		t.Errorf("forwarder role ran DDL (CreateSchema: %v); want permission denied", err)
 	}
 	if _, err := fwd.Purge(ctx, 0); !isPermissionDenied(err) {
-		t.Errorf("Purge without DELETE: %v, want permission denied", err)
+		t.Errorf("Purge without DELETE on the delivered table: %v, want permission denied", err)
 	}
-	if _, err := admin.Exec(ctx, "GRANT DELETE ON "+table+" TO "+forwarder); err != nil {
+	if _, err := admin.Exec(ctx, "GRANT DELETE ON "+owner.DeliveredTable()+" TO "+forwarder); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := fwd.Purge(ctx, 0); err != nil || n != 1 {

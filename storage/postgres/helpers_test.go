@@ -182,7 +182,8 @@ type rowState struct {
 	DueAt       time.Time
 }
 
-// inspect reads the stored state of one record.
+// inspect reads the stored state of one record: its outbox row, or its row in
+// the delivered table once acked.
 func inspect(t testing.TB, s *Storage, id int64) rowState {
 	t.Helper()
 	var st rowState
@@ -191,7 +192,9 @@ func inspect(t testing.TB, s *Storage, id int64) rowState {
 	var leasedUntil, dueAt *time.Time
 	var dueNow bool
 	err := s.pool.QueryRow(t.Context(), fmt.Sprintf(`SELECT o.status, COALESCE(l.attempts, o.attempts), COALESCE(o.last_error, ''), COALESCE(l.leased_by, ''),
-    l.leased_until, o.due_at, o.due_at <= now() FROM %s o LEFT JOIN %s l ON l.id = o.id WHERE o.id = $1`, s.table, s.leases), id).
+    l.leased_until, o.due_at, o.due_at <= now() FROM %s o LEFT JOIN %s l ON l.id = o.id WHERE o.id = $1
+UNION ALL
+SELECT 'delivered', d.attempts, COALESCE(d.last_error, ''), '', NULL, NULL, true FROM %s d WHERE d.id = $1`, s.table, s.leases, s.archive), id).
 		Scan(&status, &attempts, &st.LastError, &st.LeasedBy, &leasedUntil, &dueAt, &dueNow)
 	if err != nil {
 		t.Fatalf("inspect record %d: %v", id, err)

@@ -12,16 +12,17 @@ import (
 // so that a purge of millions of rows never holds a long lock.
 const PurgeBatchSize = 1000
 
-// Stats implements [storage.StatsReader]. Each count reads one partial index;
-// the delivered count grows with the rows not yet purged, and is always 0 with
-// [Config.DeleteOnAck].
+// Stats implements [storage.StatsReader]. Each count reads one partial index,
+// the delivered count the delivered table (plus outbox rows marked delivered in
+// place, see [Storage.SchemaSQL]): it grows with the records not yet purged,
+// and is always 0 with [Config.DeleteOnAck].
 func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 	q := fmt.Sprintf(`SELECT
     (SELECT count(*) FROM %[1]s WHERE status = 'pending'),
     (SELECT count(*) FROM %[2]s l JOIN %[1]s o ON o.id = l.id WHERE l.leased_until > now() AND o.status = 'pending'),
-    (SELECT count(*) FROM %[1]s WHERE status = 'delivered'),
+    (SELECT count(*) FROM %[3]s) + (SELECT count(*) FROM %[1]s WHERE status = 'delivered'),
     (SELECT count(*) FROM %[1]s WHERE status = 'dead'),
-    COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM %[1]s WHERE status = 'pending'), 0)`, s.table, s.leases)
+    COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM %[1]s WHERE status = 'pending'), 0)`, s.table, s.leases, s.archive)
 	var st storage.Stats
 	var age float64
 	if err := s.pool.QueryRow(ctx, q).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age); err != nil {
@@ -31,34 +32,50 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 	return st, nil
 }
 
-// Purge implements [storage.Maintainer]: it deletes delivered rows delivered
-// more than olderThan ago, [PurgeBatchSize] per statement, until none is left.
-// On error it returns how many it had deleted so far. With [Config.DeleteOnAck]
-// there are no delivered rows to delete.
+// Purge implements [storage.Maintainer]: it deletes the records delivered more
+// than olderThan ago from the delivered table (and outbox rows marked
+// delivered in place, see [Storage.SchemaSQL]), [PurgeBatchSize] per
+// statement, until none is left. On error it returns how many it had deleted
+// so far. With [Config.DeleteOnAck] there are no delivered records to delete.
 func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("purge outbox %s: olderThan is %s: must be >= 0", s.table, olderThan)
 	}
-	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE id = ANY(ARRAY(
+	// The delivered table has no key: its rows are picked by ctid, within one
+	// statement (they are never updated, and a row another purge deleted
+	// meanwhile cannot be vacuumed away, its ctid reused, while this
+	// statement's snapshot can still see it). No FOR UPDATE, which would need
+	// the UPDATE privilege: two purges at once wait for each other's rows
+	// rather than skip them.
+	var total int64
+	for _, q := range []string{
+		fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM %[1]s
+    WHERE delivered_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY delivered_at
+    LIMIT $2))`, s.archive),
+		fmt.Sprintf(`DELETE FROM %[1]s WHERE id = ANY(ARRAY(
     SELECT id FROM %[1]s
     WHERE status = 'delivered' AND delivered_at < now() - $1::bigint * interval '1 microsecond'
     ORDER BY delivered_at
     LIMIT $2
-    FOR UPDATE SKIP LOCKED))`, s.table)
-	var total int64
-	for {
-		tag, err := s.pool.Exec(ctx, q, olderThan.Microseconds(), PurgeBatchSize)
-		if err != nil {
-			return total, fmt.Errorf("purge outbox %s: %w", s.table, err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < PurgeBatchSize {
-			return total, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return total, fmt.Errorf("purge outbox %s: %w", s.table, err)
+    FOR UPDATE SKIP LOCKED))`, s.table),
+	} {
+		for {
+			tag, err := s.pool.Exec(ctx, q, olderThan.Microseconds(), PurgeBatchSize)
+			if err != nil {
+				return total, fmt.Errorf("purge outbox %s: %w", s.table, err)
+			}
+			total += tag.RowsAffected()
+			if tag.RowsAffected() < PurgeBatchSize {
+				break
+			}
+			if err := ctx.Err(); err != nil {
+				return total, fmt.Errorf("purge outbox %s: %w", s.table, err)
+			}
 		}
 	}
+	return total, nil
 }
 
 // Redrive implements [storage.Maintainer]: the selected dead-lettered rows go

@@ -29,7 +29,7 @@ type queries struct {
 	writePlan, writePlanLock              string
 }
 
-func buildQueries(t, leases, workers string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
+func buildQueries(t, leases, workers, archive string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
 	// A row is claimable when it is pending, due and not under a live lease.
 	due := "o.due_at <= (SELECT t FROM clk)"
 	if visibility > 0 {
@@ -93,8 +93,19 @@ func buildQueries(t, leases, workers string, strict bool, visibility time.Durati
 l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 RETURNING %s)
 `, t, ids, leases, returning)
 	}
-	ack := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'delivered', delivered_at = now(), attempts = l.attempts
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	// An ack deletes the outbox row and records the delivery in the narrow
+	// delivered table: an UPDATE to status 'delivered' wrote a new version of
+	// the whole row (payload and metadata included) and two index entries
+	// (primary key, delivered index), never a HOT update since status is in
+	// the partial indexes' predicates: 9.4 of the 15 ms of database time a
+	// claim and ack of 1000 rows took, against about 6 now (BenchmarkClaimAck).
+	// The delivered table keeps what Stats, Purge and an audit need, without
+	// the payload; the outbox table holds only pending and dead rows.
+	ack := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
+    DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
+    RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error)
+INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
+SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d`, t, archive)
 	if deleteOnAck {
 		ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	}

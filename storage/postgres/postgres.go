@@ -44,12 +44,13 @@ type Config struct {
 	// producer transaction. Defaults to 0 (no delay); must not be negative.
 	VisibilityDelay time.Duration
 
-	// DeleteOnAck makes Ack delete delivered rows instead of marking them
-	// delivered. It writes less per message (no new row version, no entry in
-	// the delivered index), so forwarding is faster, but delivered rows are
-	// gone at once: [Storage.Stats] then reports Delivered as 0 and
-	// [Storage.Purge] has nothing to delete. Dead-lettered rows are kept
-	// either way. Defaults to false.
+	// DeleteOnAck makes Ack only delete delivered rows, without recording
+	// them in the delivered table ([Storage.DeliveredTable]). It writes less
+	// per message (no row and index entry in the delivered table), so
+	// forwarding is faster, but delivered records leave no trace at once:
+	// [Storage.Stats] then reports Delivered as 0 and [Storage.Purge] has
+	// nothing to delete. Dead-lettered rows are kept either way. Defaults to
+	// false.
 	DeleteOnAck bool
 
 	// NotifyChannel, when set, adds to the schema a trigger that sends a
@@ -133,6 +134,7 @@ type Storage struct {
 	table   string         // table, quoted for SQL
 	leases  string         // lease table, quoted for SQL
 	workers string         // worker table (slot sharing), quoted for SQL
+	archive string         // delivered table (one narrow row per acked record), quoted for SQL
 	lockKey int64          // advisory lock serialising strict-ordering claims
 
 	q queries
@@ -166,10 +168,11 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 	}
 	s.leases = append(ident[:len(ident)-1:len(ident)-1], derivedName(ident, "leases")).Sanitize()
 	s.workers = append(ident[:len(ident)-1:len(ident)-1], derivedName(ident, "workers")).Sanitize()
+	s.archive = append(ident[:len(ident)-1:len(ident)-1], derivedName(ident, "delivered")).Sanitize()
 	h := fnv.New64a()
 	h.Write([]byte("txoutbox claim " + s.table))
 	s.lockKey = int64(h.Sum64())
-	s.q = buildQueries(s.table, s.leases, s.workers, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
+	s.q = buildQueries(s.table, s.leases, s.workers, s.archive, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
 	return s, nil
 }
 
@@ -187,6 +190,16 @@ func (s *Storage) LeaseTable() string { return s.leases }
 // schema. Claims with strict ordering share the key slots among these
 // workers. A forwarder's role needs SELECT, INSERT, UPDATE and DELETE on it.
 func (s *Storage) WorkerTable() string { return s.workers }
+
+// DeliveredTable returns the table that records the delivered records, as
+// quoted in SQL: the outbox table's name with the suffix "_delivered", in the
+// same schema (for example "app"."outbox_delivered"). An ack deletes the
+// outbox row and adds one narrow row here (id, uuid, topic, key, created_at,
+// delivered_at, attempts, last_error; not the payload nor the metadata), which
+// [Storage.Stats] counts and [Storage.Purge] deletes by age; with
+// [Config.DeleteOnAck] it stays empty. A forwarder's role needs INSERT on it
+// (and SELECT and DELETE to run Stats and Purge).
+func (s *Storage) DeliveredTable() string { return s.archive }
 
 // StrictOrdering reports whether claims hold back records behind an earlier
 // unclaimable record of the same key.

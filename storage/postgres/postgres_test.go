@@ -98,6 +98,8 @@ func TestSchemaSQL(t *testing.T) {
 		`CREATE TABLE IF NOT EXISTS "app"."Outbox_workers"`,
 		"(due_at, key, id)\n    WHERE status = 'pending' AND key <> '' AND due_at > created_at;",
 		`CREATE TABLE IF NOT EXISTS "app"."Outbox_leases"`,
+		`CREATE TABLE IF NOT EXISTS "app"."Outbox_delivered"`,
+		`CREATE INDEX IF NOT EXISTS "Outbox_delivered_at_idx" ON "app"."Outbox_delivered" (delivered_at)`,
 		`(delivered_at) WHERE status = 'delivered'`,
 		`(topic, id) WHERE status = 'dead'`,
 	} {
@@ -123,7 +125,7 @@ func TestDerivedNamesStayDistinct(t *testing.T) {
 	t.Parallel()
 	long := pgx.Identifier{strings.Repeat("t", 63)}
 	seen := map[string]bool{}
-	for _, suffix := range []string{"pending_idx", "rescheduled_idx", "delivered_idx", "dead_idx", "notify", "notify_trg", "leases", "workers"} {
+	for _, suffix := range []string{"pending_idx", "rescheduled_idx", "delivered_idx", "dead_idx", "notify", "notify_trg", "leases", "workers", "delivered", "delivered_at_idx"} {
 		n := derivedName(long, suffix)
 		if len(n) > maxIdentifierLen || seen[n] {
 			t.Fatalf("derivedName(%s) = %q: too long or duplicate", suffix, n)
@@ -143,8 +145,8 @@ func TestCreateSchemaIsIdempotentAndLongNamesWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 7 { // primary key + 4, and the lease and worker tables' primary keys
-		t.Fatalf("%d indexes, want 7", n)
+	if n != 8 { // primary key + 4, the lease and worker tables' primary keys, the delivered table's index
+		t.Fatalf("%d indexes, want 8", n)
 	}
 	insert(t, s, recs("a", "")...)
 	if got := claim(t, s, "w", 10, time.Minute); len(got) != 2 {
@@ -616,6 +618,9 @@ func TestStatsPurgeRedrive(t *testing.T) {
 	}
 }
 
+// TestPurgeInBatches purges more than one batch from the delivered table and
+// from outbox rows marked delivered in place (by an earlier version's ack),
+// and keeps what was delivered since the cut-off.
 func TestPurgeInBatches(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, Config{})
@@ -623,19 +628,89 @@ func TestPurgeInBatches(t *testing.T) {
 	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, topic, status, delivered_at)
 SELECT g::text, 't', 'delivered', now() - interval '2 days' FROM generate_series(1, 2500) g`, s.table))
 	must(t, err)
-	insert(t, s, recs("")...) // pending: never purged
-	n, err := s.Purge(ctx, 24*time.Hour)
+	_, err = s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts)
+SELECT g, g::text, 't', '', now() - interval '3 days', now() - CASE WHEN g <= 2100 THEN interval '2 days' ELSE interval '1 hour' END, 1
+FROM generate_series(1, 2200) g`, s.archive))
 	must(t, err)
-	if n != 2500 {
-		t.Fatalf("purged %d, want 2500", n)
-	}
+	insert(t, s, recs("")...) // pending: never purged
 	st, err := s.Stats(ctx)
 	must(t, err)
-	if st.Pending != 1 || st.Delivered != 0 {
-		t.Fatalf("stats after purge = %+v", st)
+	if st.Delivered != 4700 {
+		t.Fatalf("stats before purge = %+v, want 4700 delivered", st)
+	}
+	n, err := s.Purge(ctx, 24*time.Hour)
+	must(t, err)
+	if n != 4600 {
+		t.Fatalf("purged %d, want 4600", n)
+	}
+	st, err = s.Stats(ctx)
+	must(t, err)
+	if st.Pending != 1 || st.Delivered != 100 {
+		t.Fatalf("stats after purge = %+v, want 1 pending and the 100 delivered an hour ago", st)
 	}
 	if _, err := s.Purge(ctx, -time.Second); err == nil {
 		t.Fatal("negative olderThan accepted")
+	}
+}
+
+// TestAckMovesRecordToDeliveredTable checks what an ack leaves: no outbox row
+// and no lease, one row in the delivered table with the record's identity, its
+// attempts and the error of its last failed attempt; Stats counts it and Purge
+// deletes it. A fenced ack moves nothing.
+func TestAckMovesRecordToDeliveredTable(t *testing.T) {
+	t.Parallel()
+	for _, strict := range []bool{true, false} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, Config{DisableStrictOrdering: !strict})
+			ctx := t.Context()
+			in := recs("k", "")
+			ids := insert(t, s, in...)
+			got := claim(t, s, "w", 10, time.Minute)
+			must(t, s.Nack(ctx, storage.NackParams{ID: got[0].ID, WorkerID: "w", Error: "broker down", RetryAt: time.Now()}))
+			must(t, s.Release(ctx, storage.ReleaseParams{IDs: []int64{got[1].ID}, WorkerID: "w", RetryAt: time.Now()}))
+			waitFor(t, 5*time.Second, "both rows claimable again", func() bool {
+				return len(claim(t, s, "w", 10, time.Minute)) == 2
+			})
+			must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "intruder"}))
+			var n int
+			must(t, s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.archive).Scan(&n))
+			if n != 0 {
+				t.Fatalf("a fenced ack moved %d rows to the delivered table", n)
+			}
+			before := time.Now()
+			must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+			must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT (SELECT count(*) FROM %s) + (SELECT count(*) FROM %s)", s.table, s.leases)).Scan(&n))
+			if n != 0 {
+				t.Fatalf("%d outbox or lease rows left after the ack", n)
+			}
+			for i, id := range ids {
+				var uuid, topic, key, lastErr string
+				var attempts int
+				var created, delivered time.Time
+				must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT uuid, topic, key, attempts, COALESCE(last_error, ''), created_at, delivered_at FROM %s WHERE id = $1`, s.archive), id).
+					Scan(&uuid, &topic, &key, &attempts, &lastErr, &created, &delivered))
+				wantErr := map[int]string{0: "broker down", 1: ""}[i]
+				if uuid != in[i].UUID || topic != in[i].Topic || key != in[i].Key || attempts != 2-i || lastErr != wantErr ||
+					created.IsZero() || created.After(delivered) || delivered.Before(before.Add(-time.Second)) {
+					t.Errorf("delivered row %d: uuid %q topic %q key %q attempts %d error %q created %v delivered %v; want %q %q %q %d %q, created before delivered, delivered now",
+						id, uuid, topic, key, attempts, lastErr, created, delivered, in[i].UUID, in[i].Topic, in[i].Key, 2-i, wantErr)
+				}
+			}
+			st, err := s.Stats(ctx)
+			must(t, err)
+			if st.Delivered != 2 || st.Pending != 0 || st.Leased != 0 {
+				t.Fatalf("stats after the ack = %+v, want 2 delivered", st)
+			}
+			if n, err := s.Purge(ctx, time.Hour); err != nil || n != 0 {
+				t.Fatalf("Purge(1h) right after the ack: %d, %v; want 0", n, err)
+			}
+			waitFor(t, 5*time.Second, "Purge(0) deletes both", func() bool {
+				n, err := s.Purge(ctx, 0)
+				must(t, err)
+				return n == 2
+			})
+		})
 	}
 }
 
@@ -822,7 +897,7 @@ func TestTakeoverRacesWriteBack(t *testing.T) {
 					must(t, err)
 				}
 				var orphans int
-				must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s l JOIN %s o ON o.id = l.id WHERE o.status <> 'pending'", s.leases, s.table)).Scan(&orphans))
+				must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s l WHERE NOT EXISTS (SELECT FROM %s o WHERE o.id = l.id AND o.status = 'pending')", s.leases, s.table)).Scan(&orphans))
 				if orphans != 0 {
 					t.Fatalf("%d leases left on rows that are not pending", orphans)
 				}

@@ -56,6 +56,24 @@ CREATE TABLE IF NOT EXISTS %[7]s (
     seen_until   TIMESTAMPTZ NOT NULL
 );
 
+-- Delivered records: an ack deletes the outbox row and adds a narrow row here
+-- (no payload, no metadata), so that the ack writes no new version of the
+-- wide row; Stats counts these rows and Purge deletes them by age. Appended
+-- in delivery order, never updated.
+CREATE TABLE IF NOT EXISTS %[9]s (
+    id           BIGINT      NOT NULL,
+    uuid         TEXT        NOT NULL,
+    topic        TEXT        NOT NULL,
+    key          TEXT        NOT NULL,
+    created_at   TIMESTAMPTZ NOT NULL,
+    delivered_at TIMESTAMPTZ NOT NULL,
+    attempts     INTEGER     NOT NULL,
+    last_error   TEXT
+);
+
+-- Purge: delivered records by age.
+CREATE INDEX IF NOT EXISTS %[10]s ON %[9]s (delivered_at);
+
 -- Claim walks pending rows in id order, those of its own slots only (the
 -- slot is checked in the index); delivered rows never enter this index.
 CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (id, slot) WHERE status = 'pending';
@@ -68,14 +86,16 @@ CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (id, slot) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS %[4]s ON %[1]s (due_at, key, id)
     WHERE status = 'pending' AND key <> '' AND due_at > created_at;
 
--- Purge: delivered rows by age.
+-- Purge: outbox rows marked delivered in place (by hand, or by an earlier,
+-- unreleased version whose ack updated the row; an ack now moves the record
+-- to the delivered table, so this index stays empty).
 CREATE INDEX IF NOT EXISTS %[5]s ON %[1]s (delivered_at) WHERE status = 'delivered';
 
 -- Redrive and inspection of dead-lettered rows by topic.
 CREATE INDEX IF NOT EXISTS %[6]s ON %[1]s (topic, id) WHERE status = 'dead';
 `, t, s.leases,
 		idx("pending_idx"), idx("rescheduled_idx"), idx("delivered_idx"), idx("dead_idx"),
-		s.workers, slotOf("key", "id"))
+		s.workers, slotOf("key", "id"), s.archive, idx("delivered_at_idx"))
 
 	if ch := s.config.NotifyChannel; ch != "" {
 		fn := append(s.ident[:len(s.ident)-1:len(s.ident)-1], derivedName(s.ident, "notify")).Sanitize()
