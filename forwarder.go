@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -365,6 +366,12 @@ func (r *round) run(records []storage.Record) {
 		r.supervise()
 		return
 	}
+	// Longest groups first: a key with many records in the batch publishes
+	// them one after another, and pulled last it would hold the round (and
+	// the next claim) long after the other lanes ran dry. Groups are
+	// different keys, so their order is free; with one lane the batch keeps
+	// id order.
+	slices.SortStableFunc(groups, func(a, b []storage.Record) int { return len(b) - len(a) })
 	var wg sync.WaitGroup
 	for range lanes {
 		wg.Go(func() { r.supervise() })

@@ -526,6 +526,58 @@ func TestForwarderParallelGroups(t *testing.T) {
 	}
 }
 
+// TestForwarderLongestGroupFirst: a key with many records in a batch starts
+// publishing at once, not after every shorter group: published one after
+// another, its records would otherwise keep the round running long after the
+// other lanes ran dry. With one lane the batch goes out in id order.
+func TestForwarderLongestGroupFirst(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			s := b.new(t)
+			var recs []storage.Record
+			for i := range 20 {
+				recs = append(recs, record("t", fmt.Sprintf("single%d", i), "x"))
+			}
+			for range 10 {
+				recs = append(recs, record("t", "hot", "x"))
+			}
+			for range 3 {
+				recs = append(recs, record("t", "", "x"))
+			}
+			b.insert(t, s, recs...)
+			cfg := fastConfig()
+			cfg.BatchSize = len(recs)
+			cfg.Concurrency = 4
+			target := newRecorder()
+			if res, err := newForwarder(t, s, target, cfg).RunOnce(context.Background()); err != nil || res.Published != len(recs) {
+				t.Fatalf("round %+v, %v", res, err)
+			}
+			got := target.deliveries()
+			first := slices.IndexFunc(got, func(d delivery) bool { return d.Key == "hot" })
+			if first < 0 || first >= cfg.Concurrency {
+				t.Errorf("the 10-record key's first publish was number %d of %d, want among the first %d (one per lane)", first+1, len(got), cfg.Concurrency)
+			}
+			checkOrder(t, got)
+
+			// One lane: id order across keys.
+			s = b.new(t)
+			ids := b.insert(t, s, recs...)
+			cfg.Concurrency = 1
+			target = newRecorder()
+			if res, err := newForwarder(t, s, target, cfg).RunOnce(context.Background()); err != nil || res.Published != len(recs) {
+				t.Fatalf("round %+v, %v", res, err)
+			}
+			var order []int64
+			for _, d := range target.deliveries() {
+				order = append(order, d.ID)
+			}
+			if !slices.Equal(order, ids) {
+				t.Errorf("with Concurrency 1 published %v, want id order %v", order, ids)
+			}
+		})
+	}
+}
+
 func TestForwarderWakeCutsIdleSleep(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
