@@ -194,7 +194,7 @@ func inspect(t testing.TB, s *Storage, id int64) rowState {
 	err := s.pool.QueryRow(t.Context(), fmt.Sprintf(`SELECT o.status, COALESCE(l.attempts, o.attempts), COALESCE(o.last_error, ''), COALESCE(l.leased_by, ''),
     l.leased_until, o.due_at, o.due_at <= now() FROM %s o LEFT JOIN %s l ON l.id = o.id WHERE o.id = $1
 UNION ALL
-SELECT 'delivered', d.attempts, COALESCE(d.last_error, ''), '', NULL, NULL, true FROM %s d WHERE d.id = $1`, s.table, s.leases, s.archive), id).
+SELECT 'delivered', d.attempts, COALESCE(d.last_error, ''), '', NULL, NULL, true FROM %s d WHERE d.id = $1`, s.table, s.leases, s.delivered), id).
 		Scan(&status, &attempts, &st.LastError, &st.LeasedBy, &leasedUntil, &dueAt, &dueNow)
 	if err != nil {
 		t.Fatalf("inspect record %d: %v", id, err)

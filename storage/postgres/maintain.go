@@ -22,7 +22,7 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
     (SELECT count(*) FROM %[2]s l JOIN %[1]s o ON o.id = l.id WHERE l.leased_until > now() AND o.status = 'pending'),
     (SELECT count(*) FROM %[3]s) + (SELECT count(*) FROM %[1]s WHERE status = 'delivered'),
     (SELECT count(*) FROM %[1]s WHERE status = 'dead'),
-    COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM %[1]s WHERE status = 'pending'), 0)`, s.table, s.leases, s.archive)
+    COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM %[1]s WHERE status = 'pending'), 0)`, s.table, s.leases, s.delivered)
 	var st storage.Stats
 	var age float64
 	if err := s.pool.QueryRow(ctx, q).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age); err != nil {
@@ -53,7 +53,7 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
     SELECT ctid FROM %[1]s
     WHERE delivered_at < now() - $1::bigint * interval '1 microsecond'
     ORDER BY delivered_at
-    LIMIT $2))`, s.archive),
+    LIMIT $2))`, s.delivered),
 		fmt.Sprintf(`DELETE FROM %[1]s WHERE id = ANY(ARRAY(
     SELECT id FROM %[1]s
     WHERE status = 'delivered' AND delivered_at < now() - $1::bigint * interval '1 microsecond'

@@ -29,7 +29,7 @@ type queries struct {
 	writePlan, writePlanLock              string
 }
 
-func buildQueries(t, leases, workers, archive string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
+func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
 	// A row is claimable when it is pending, due and not under a live lease.
 	due := "o.due_at <= (SELECT t FROM clk)"
 	if visibility > 0 {
@@ -105,7 +105,7 @@ l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 RETURNING 
     DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error)
 INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
-SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d`, t, archive)
+SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d`, t, delivered)
 	if deleteOnAck {
 		ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	}

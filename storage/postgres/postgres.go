@@ -130,12 +130,12 @@ type Storage struct {
 	pool   *pgxpool.Pool
 	config Config
 
-	ident   pgx.Identifier // table, as configured
-	table   string         // table, quoted for SQL
-	leases  string         // lease table, quoted for SQL
-	workers string         // worker table (slot sharing), quoted for SQL
-	archive string         // delivered table (one narrow row per acked record), quoted for SQL
-	lockKey int64          // advisory lock serialising strict-ordering claims
+	ident     pgx.Identifier // table, as configured
+	table     string         // table, quoted for SQL
+	leases    string         // lease table, quoted for SQL
+	workers   string         // worker table (slot sharing), quoted for SQL
+	delivered string         // delivered table (one narrow row per acked record), quoted for SQL
+	lockKey   int64          // advisory lock serialising strict-ordering claims
 
 	q queries
 }
@@ -166,13 +166,13 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 		ident:  ident,
 		table:  ident.Sanitize(),
 	}
-	s.leases = append(ident[:len(ident)-1:len(ident)-1], derivedName(ident, "leases")).Sanitize()
-	s.workers = append(ident[:len(ident)-1:len(ident)-1], derivedName(ident, "workers")).Sanitize()
-	s.archive = append(ident[:len(ident)-1:len(ident)-1], derivedName(ident, "delivered")).Sanitize()
+	s.leases = siblingName(ident, "leases")
+	s.workers = siblingName(ident, "workers")
+	s.delivered = siblingName(ident, "delivered")
 	h := fnv.New64a()
 	h.Write([]byte("txoutbox claim " + s.table))
 	s.lockKey = int64(h.Sum64())
-	s.q = buildQueries(s.table, s.leases, s.workers, s.archive, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
+	s.q = buildQueries(s.table, s.leases, s.workers, s.delivered, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
 	return s, nil
 }
 
@@ -199,7 +199,7 @@ func (s *Storage) WorkerTable() string { return s.workers }
 // [Storage.Stats] counts and [Storage.Purge] deletes by age; with
 // [Config.DeleteOnAck] it stays empty. A forwarder's role needs INSERT on it
 // (and SELECT and DELETE to run Stats and Purge).
-func (s *Storage) DeliveredTable() string { return s.archive }
+func (s *Storage) DeliveredTable() string { return s.delivered }
 
 // StrictOrdering reports whether claims hold back records behind an earlier
 // unclaimable record of the same key.

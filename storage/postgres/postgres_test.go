@@ -630,7 +630,7 @@ SELECT g::text, 't', 'delivered', now() - interval '2 days' FROM generate_series
 	must(t, err)
 	_, err = s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts)
 SELECT g, g::text, 't', '', now() - interval '3 days', now() - CASE WHEN g <= 2100 THEN interval '2 days' ELSE interval '1 hour' END, 1
-FROM generate_series(1, 2200) g`, s.archive))
+FROM generate_series(1, 2200) g`, s.delivered))
 	must(t, err)
 	insert(t, s, recs("")...) // pending: never purged
 	st, err := s.Stats(ctx)
@@ -674,7 +674,7 @@ func TestAckMovesRecordToDeliveredTable(t *testing.T) {
 			})
 			must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "intruder"}))
 			var n int
-			must(t, s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.archive).Scan(&n))
+			must(t, s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.delivered).Scan(&n))
 			if n != 0 {
 				t.Fatalf("a fenced ack moved %d rows to the delivered table", n)
 			}
@@ -688,7 +688,7 @@ func TestAckMovesRecordToDeliveredTable(t *testing.T) {
 				var uuid, topic, key, lastErr string
 				var attempts int
 				var created, delivered time.Time
-				must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT uuid, topic, key, attempts, COALESCE(last_error, ''), created_at, delivered_at FROM %s WHERE id = $1`, s.archive), id).
+				must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT uuid, topic, key, attempts, COALESCE(last_error, ''), created_at, delivered_at FROM %s WHERE id = $1`, s.delivered), id).
 					Scan(&uuid, &topic, &key, &attempts, &lastErr, &created, &delivered))
 				wantErr := map[int]string{0: "broker down", 1: ""}[i]
 				if uuid != in[i].UUID || topic != in[i].Topic || key != in[i].Key || attempts != 2-i || lastErr != wantErr ||

@@ -95,10 +95,10 @@ CREATE INDEX IF NOT EXISTS %[5]s ON %[1]s (delivered_at) WHERE status = 'deliver
 CREATE INDEX IF NOT EXISTS %[6]s ON %[1]s (topic, id) WHERE status = 'dead';
 `, t, s.leases,
 		idx("pending_idx"), idx("rescheduled_idx"), idx("delivered_idx"), idx("dead_idx"),
-		s.workers, slotOf("key", "id"), s.archive, idx("delivered_at_idx"))
+		s.workers, slotOf("key", "id"), s.delivered, idx("delivered_at_idx"))
 
 	if ch := s.config.NotifyChannel; ch != "" {
-		fn := append(s.ident[:len(s.ident)-1:len(s.ident)-1], derivedName(s.ident, "notify")).Sanitize()
+		fn := siblingName(s.ident, "notify")
 		trg := pgx.Identifier{derivedName(s.ident, "notify_trg")}.Sanitize()
 		// The channel passed checkIdentifier, so it is safe inside a string literal.
 		fmt.Fprintf(&b, `
@@ -139,6 +139,12 @@ func (s *Storage) CreateSchema(ctx context.Context) error {
 // table's generated slot column computes it.
 func slotOf(key, id string) string {
 	return fmt.Sprintf("(CASE WHEN %[1]s = '' THEN %[2]s %% %[3]d ELSE hashtext(%[1]s) & %[4]d END)", key, id, slotCount, slotCount-1)
+}
+
+// siblingName is an object named after the table (derivedName) in the
+// table's schema, quoted for SQL: "app"."outbox_leases".
+func siblingName(table pgx.Identifier, suffix string) string {
+	return append(table[:len(table)-1:len(table)-1], derivedName(table, suffix)).Sanitize()
 }
 
 // derivedName names an object after the table ("outbox_pending_idx"). Names
