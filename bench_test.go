@@ -30,6 +30,9 @@ func (s *staticStorage) Ack(_ context.Context, p storage.AckParams) error {
 func (s *staticStorage) Nack(context.Context, storage.NackParams) error             { return nil }
 func (s *staticStorage) Release(context.Context, storage.ReleaseParams) error       { return nil }
 func (s *staticStorage) DeadLetter(context.Context, storage.DeadLetterParams) error { return nil }
+func (s *staticStorage) Extend(_ context.Context, p storage.ExtendParams) ([]int64, error) {
+	return p.IDs, nil
+}
 
 type nopPublisher struct{}
 

@@ -35,6 +35,14 @@ type Storage interface {
 	// claimed again unless re-driven. Ignored unless the record is leased by
 	// params.WorkerID.
 	DeadLetter(ctx context.Context, params DeadLetterParams) error
+
+	// Extend pushes the lease of records still leased to params.WorkerID out to
+	// now+params.Lease, so that a forwarder keeps the records of a key group
+	// it is still working through. It returns the ids it extended, in any
+	// order. A record leased by another worker, or whose lease has already run
+	// out, is not extended (fencing): a forwarder that finds an id missing has
+	// lost that record and must not publish it.
+	Extend(ctx context.Context, params ExtendParams) ([]int64, error)
 }
 
 // Record is one row of the outbox table.
@@ -102,6 +110,14 @@ type DeadLetterParams struct {
 	WorkerID string
 	// Error is the reason the record was parked.
 	Error string
+}
+
+// ExtendParams are the parameters of [Storage.Extend].
+type ExtendParams struct {
+	IDs      []int64
+	WorkerID string
+	// Lease is the new lease, counted from now; always > 0.
+	Lease time.Duration
 }
 
 // Status is the state of a record in the table.

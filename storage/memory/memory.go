@@ -254,6 +254,29 @@ func (s *Storage) DeadLetter(ctx context.Context, params storage.DeadLetterParam
 	return nil
 }
 
+// Extend pushes the lease of the records params.WorkerID still holds, and
+// whose lease has not run out, to now+params.Lease.
+func (s *Storage) Extend(ctx context.Context, params storage.ExtendParams) ([]int64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("extend outbox leases: %w", err)
+	}
+	if params.Lease <= 0 {
+		return nil, fmt.Errorf("extend outbox leases: lease %v must be > 0", params.Lease)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	now := s.config.Now()
+	var extended []int64
+	for _, id := range params.IDs {
+		if e := s.leased(id, params.WorkerID); e != nil && now.Before(e.leasedUntil) {
+			e.leasedUntil = now.Add(params.Lease)
+			extended = append(extended, id)
+		}
+	}
+	return extended, nil
+}
+
 // Stats counts the records by state.
 func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 	if err := ctx.Err(); err != nil {

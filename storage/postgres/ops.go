@@ -27,6 +27,7 @@ type queries struct {
 	claim, ack, nack, release, deadLetter string
 	plan, planLock, leave, join           string
 	writePlan, writePlanLock              string
+	extend                                string
 }
 
 func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
@@ -307,6 +308,12 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
 		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
 
+		// A lease that ran out is not extended, even when nobody took it
+		// over yet: the forwarder may already have been overtaken.
+		extend: fmt.Sprintf(`UPDATE %s SET leased_until = clock_timestamp() + $3::bigint * interval '1 microsecond'
+WHERE id = ANY($1) AND leased_by = $2 AND leased_until > clock_timestamp()
+RETURNING id`, leases),
+
 		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),
 		join: fmt.Sprintf(`INSERT INTO %s (worker_id, seen_until) VALUES ($1, clock_timestamp() + interval '%d microseconds')
 ON CONFLICT (worker_id) DO UPDATE SET seen_until = GREATEST(%[1]s.seen_until, excluded.seen_until)`, workers, memberTTL.Microseconds()),
@@ -389,6 +396,25 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
 	}
 	return nil
+}
+
+// Extend implements [storage.Storage].
+func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, error) {
+	if p.Lease <= 0 {
+		return nil, fmt.Errorf("extend outbox leases in %s: Lease must be > 0, got %s", s.table, p.Lease)
+	}
+	if len(p.IDs) == 0 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, s.q.extend, p.IDs, p.WorkerID, p.Lease.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("extend the lease of %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("extend the lease of %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+	}
+	return ids, nil
 }
 
 // writeBack runs a statement that makes leased rows unclaimable until a retry

@@ -53,6 +53,9 @@ WHERE %s AND leased_by = ?2 AND status = 'pending'`, t, ids)
 WHERE %s AND leased_by = ?2 AND status = 'pending'`, t, ids)
 	s.nackSQL = fmt.Sprintf(`UPDATE %s SET last_error = ?3, due_at = ?4, leased_by = NULL, leased_until = NULL
 WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t)
+	s.extendSQL = fmt.Sprintf(`UPDATE %s SET leased_until = ?3
+WHERE %s AND leased_by = ?2 AND leased_until > ?4 AND status = 'pending'
+RETURNING id`, t, ids)
 	s.deadSQL = fmt.Sprintf(`UPDATE %s SET status = 'dead', last_error = ?3, leased_by = NULL, leased_until = NULL
 WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t)
 }
@@ -165,6 +168,38 @@ func (s *Storage) DeadLetter(ctx context.Context, params storage.DeadLetterParam
 		return fmt.Errorf("dead-letter outbox record %d: %w", params.ID, err)
 	}
 	return nil
+}
+
+// Extend implements [storage.Storage].
+func (s *Storage) Extend(ctx context.Context, params storage.ExtendParams) ([]int64, error) {
+	if params.Lease <= 0 {
+		return nil, fmt.Errorf("extend outbox leases: Lease must be > 0, got %s", params.Lease)
+	}
+	if len(params.IDs) == 0 || params.WorkerID == "" {
+		return nil, nil
+	}
+	var extended []int64
+	err := s.write(ctx, func(ctx context.Context) error {
+		extended = extended[:0]
+		now := s.now()
+		rows, err := s.db.QueryContext(ctx, s.extendSQL, idsJSON(params.IDs), params.WorkerID, nanos(now.Add(params.Lease)), nanos(now))
+		if err != nil {
+			return err
+		}
+		defer func() { _ = rows.Close() }()
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			extended = append(extended, id)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("extend the lease of %d outbox records: %w", len(params.IDs), err)
+	}
+	return extended, nil
 }
 
 // exec runs one write statement in autocommit mode under the write semaphore.

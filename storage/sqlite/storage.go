@@ -78,11 +78,12 @@ type Storage struct {
 	// sleeps of up to 100 ms.
 	writeSem chan struct{}
 
-	claimSQL string
-	ackSQL   string
-	nackSQL  string
-	relSQL   string
-	deadSQL  string
+	claimSQL  string
+	ackSQL    string
+	nackSQL   string
+	relSQL    string
+	deadSQL   string
+	extendSQL string
 }
 
 var (

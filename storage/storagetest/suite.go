@@ -87,6 +87,7 @@ func groups() []group {
 		{"Release", releaseCases()},
 		{"DeadLetter", deadLetterCases()},
 		{"Ack", ackCases()},
+		{"Extend", extendCases()},
 		{"Keys", keyCases()},
 		{"StrictOrdering", strictOrderingCases()},
 		{"Concurrency", concurrencyCases()},
