@@ -49,7 +49,7 @@ func TestPublisherContextBinding(t *testing.T) {
 		t.Errorf("second message without tx: %v, want ErrNoTransaction", err)
 	}
 	// An uncomparable transaction value is an error, not a panic.
-	type weird struct{ s []int }
+	type weird struct{ _ []int }
 	if err := pub.Publish("t", msg(weird{}), msg(weird{})); !errors.Is(err, txoutbox.ErrInvalidMessage) {
 		t.Errorf("uncomparable tx: %v, want ErrInvalidMessage", err)
 	}

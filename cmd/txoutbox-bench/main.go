@@ -725,7 +725,7 @@ func (b *bench) insert(ctx context.Context) error {
 			return errors.Join(err, r.Teardown(context.WithoutCancel(ctx)))
 		}
 		v, err := b.produce(ctx, r, b.o.messages, false)
-		if err = errors.Join(err, r.Teardown(context.WithoutCancel(ctx))); err != nil {
+		if err := errors.Join(err, r.Teardown(context.WithoutCancel(ctx))); err != nil {
 			return err
 		}
 		b.inserts[kind] = append(b.inserts[kind], v)

@@ -112,7 +112,7 @@ func run(ctx context.Context) error {
 	}
 	routerCtx, stopRouter := context.WithCancel(ctx)
 	defer stopRouter()
-	go router.Run(routerCtx)
+	go router.Run(routerCtx) //nolint:errcheck // it returns when routerCtx is cancelled; the example is about the publishing side
 	<-router.Running()
 
 	// The relay: outbox -> broker.
@@ -140,7 +140,7 @@ func run(ctx context.Context) error {
 	if err := eventBus.Publish(ctx, &OrderPlaced{OrderID: "order-x"}); errors.Is(err, txoutbox.ErrNoTransaction) {
 		fmt.Println("publish without a transaction refused:", err)
 	} else {
-		return fmt.Errorf("publish without a transaction: got %v, want ErrNoTransaction", err)
+		return fmt.Errorf("publish without a transaction: got %v, want ErrNoTransaction", err) //nolint:errorlint // err may be nil here, which %w would print as %!w(<nil>)
 	}
 
 	timeout := time.After(30 * time.Second)

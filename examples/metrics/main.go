@@ -100,7 +100,7 @@ func run(ctx context.Context, out io.Writer, opts options) error {
 	}
 	reg.MustRegister(stats)
 
-	ln, err := net.Listen("tcp", opts.addr)
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", opts.addr)
 	if err != nil {
 		return fmt.Errorf("listen for /metrics: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -47,7 +48,7 @@ func TestHostileIdentifiersRejected(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
-		names := append(hostileNames, strings.Repeat("b", 64), schema+".victim; DROP TABLE "+schema+".victim")
+		names := append(slices.Clone(hostileNames), strings.Repeat("b", 64), schema+".victim; DROP TABLE "+schema+".victim")
 		for _, name := range names {
 			for _, cfg := range []postgres.Config{{Table: name}, {Table: schema + "." + name}, {Table: schema + ".outbox", NotifyChannel: name}} {
 				// New never touches the server; nothing is created with a

@@ -187,12 +187,6 @@ func (tg *target) deliveries() []received {
 	return append([]received(nil), tg.got...)
 }
 
-func (tg *target) count() int {
-	tg.mu.Lock()
-	defer tg.mu.Unlock()
-	return len(tg.got)
-}
-
 // firstAfter returns the arrival time of the first delivery after t.
 // Arrival times only grow: they are taken under the lock that appends.
 func (tg *target) firstAfter(t time.Time) (time.Time, bool) {

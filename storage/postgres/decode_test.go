@@ -125,6 +125,7 @@ func TestClaimRowsTakeTheRawPath(t *testing.T) {
 			t.Errorf("%v: rawDecodable = %v, want %v (%+v)", tc.mode, got, tc.raw, rows.FieldDescriptions())
 		}
 		rows.Close()
+		must(t, rows.Err())
 		must(t, tx.Rollback(t.Context()))
 	}
 }

@@ -49,7 +49,7 @@ func (s *Storage) insert(ctx context.Context, tx any, records []storage.Record, 
 		if r.Metadata != nil {
 			b, err := json.Marshal(r.Metadata)
 			if err != nil {
-				return nil, fmt.Errorf("insert outbox rows: record %d (uuid %q): %w: metadata: %v", i, r.UUID, storage.ErrInvalidRecord, err)
+				return nil, fmt.Errorf("insert outbox rows: record %d (uuid %q): %w: metadata: %w", i, r.UUID, storage.ErrInvalidRecord, err)
 			}
 			m := string(b)
 			metas[i] = &m
@@ -108,15 +108,15 @@ func checkRecord(r storage.Record) error {
 	}
 	for _, f := range [...]struct{ name, v string }{{"uuid", r.UUID}, {"topic", r.Topic}, {"key", r.Key}} {
 		if err := checkText(f.v); err != nil {
-			return fmt.Errorf("%w: %s: %v", storage.ErrInvalidRecord, f.name, err)
+			return fmt.Errorf("%w: %s: %w", storage.ErrInvalidRecord, f.name, err)
 		}
 	}
 	for k, v := range r.Metadata {
 		if err := checkText(k); err != nil {
-			return fmt.Errorf("%w: metadata key %q: %v", storage.ErrInvalidRecord, k, err)
+			return fmt.Errorf("%w: metadata key %q: %w", storage.ErrInvalidRecord, k, err)
 		}
 		if err := checkText(v); err != nil {
-			return fmt.Errorf("%w: metadata %q value: %v", storage.ErrInvalidRecord, k, err)
+			return fmt.Errorf("%w: metadata %q value: %w", storage.ErrInvalidRecord, k, err)
 		}
 	}
 	return nil

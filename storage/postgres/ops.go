@@ -337,7 +337,7 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	}
 	b.Queue(s.q.claim, args...)
 	br := s.pool.SendBatch(ctx, b)
-	defer br.Close()
+	defer br.Close() //nolint:errcheck // the results are read and checked below; Close would repeat their error
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: planner settings or advisory lock: %w", s.table, err)
 	}

@@ -79,6 +79,7 @@ func insert(t testing.TB, s *Storage, records ...storage.Record) []int64 {
 	if err != nil {
 		t.Fatalf("read ids: %v", err)
 	}
+	defer rows.Close()
 	ids := make([]int64, len(records))
 	i := len(records)
 	for rows.Next() {

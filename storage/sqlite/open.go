@@ -53,7 +53,7 @@ func Open(path string) (*sql.DB, error) {
 	// One query opens a connection, which runs the pragmas: a bad path or a
 	// file that is not a database fails here rather than at first use.
 	var mode string
-	if err := db.QueryRow("PRAGMA journal_mode").Scan(&mode); err != nil {
+	if err := db.QueryRow("PRAGMA journal_mode").Scan(&mode); err != nil { //nolint:noctx // Open takes no context, like sql.Open; one local query on the file
 		_ = db.Close()
 		return nil, fmt.Errorf("open sqlite database %q: %w", path, err)
 	}
