@@ -72,11 +72,24 @@ func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 		printUsage(out)
 		return errHelp
 	}
+	// Shared flags may come before the command: move them after it.
+	var lead []string
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") && args[0] != "--" {
+		n := 2
+		if strings.Contains(args[0], "=") || strings.TrimLeft(args[0], "-") == "json" {
+			n = 1
+		}
+		n = min(n, len(args))
+		lead, args = append(lead, args[:n]...), args[n:]
+	}
 	c := findCommand(args)
+	if c == nil && len(lead) > 0 && len(args) == 0 {
+		return usageError{"no command given"}
+	}
 	if c == nil {
 		return usageError{fmt.Sprintf("unknown command %q", strings.Join(args[:min(2, len(args))], " "))}
 	}
-	rest := args[len(strings.Fields(c.name)):]
+	rest := append(lead, args[len(strings.Fields(c.name)):]...)
 
 	e := &env{out: out, errOut: errOut, red: red}
 	fs := flag.NewFlagSet("txoutbox "+c.name, flag.ContinueOnError)

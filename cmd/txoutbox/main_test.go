@@ -173,6 +173,7 @@ func TestMigrate(t *testing.T) {
 		t.Fatalf("migrate status: %+v", st)
 	}
 	txoutbox(t, f.url, "migrate", "status").want(t, 0, "VERSION", "hold_and_skip")
+	txoutbox(t, "", "--database-url", f.url, "--json", "migrate", "status").want(t, 0, `"current_version"`) // shared flags first
 
 	// Behind: exit 3, and the operating commands refuse to run.
 	if _, err := f.db.Exec(`DELETE FROM outbox_migrations WHERE version = ?`, sqlite.LatestVersion()); err != nil {
