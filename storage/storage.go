@@ -240,6 +240,9 @@ type Maintainer interface {
 	// it never holds a long lock, and returns how many it deleted.
 	Purge(ctx context.Context, olderThan time.Duration) (int64, error)
 	// Redrive puts dead-lettered records back to pending with attempts reset
-	// and no error, and returns how many it changed.
+	// and no error, due at once, and returns how many it changed. Records keep
+	// their ids; records that are not dead are left alone (idempotent). A
+	// storage that cannot select by Key or All returns an error wrapping
+	// ErrInvalidRedrive for them rather than re-driving nothing.
 	Redrive(ctx context.Context, params RedriveParams) (int64, error)
 }

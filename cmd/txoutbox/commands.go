@@ -163,8 +163,9 @@ Commands:
 Every command takes --database-url (default $%s), --table (default outbox)
 and --json. 'txoutbox <command> --help' shows a command's flags and an example.
 
-Exit codes: 0 ok, 1 error, 2 usage, 3 attention (dead records or held keys in
-status, a problem in doctor, a pending migration), 4 not found (or not dead).
+Exit codes: 0 ok, 1 error, 2 usage, 3 attention (dead records or keys held by
+a failing record in status, a problem in doctor, a pending migration), 4 not
+found (or not dead).
 
 Example:
   export %s=sqlite:///var/lib/app/app.db
@@ -395,7 +396,7 @@ func writeMigrationFiles(e *env, migs []storage.Migration, dir, format string) e
 
 var cmdStatus = &command{
 	name:     "status",
-	summary:  "counts by state, oldest pending age, forwarders seen, and the keys held back (exit 3 with dead records or held keys)",
+	summary:  "counts by state, oldest pending age, forwarders seen, and the keys held back (exit 3 with dead records or failing keys)",
 	example:  "txoutbox status --hold-on-dead-letter --json",
 	withHold: true,
 	flags: func(fs *flag.FlagSet) {
@@ -454,8 +455,16 @@ var cmdStatus = &command{
 				}
 			}
 		})
-		if err == nil && (st.Dead > 0 || st.HeldKeys > 0) {
-			return attentionError{fmt.Sprintf("%d dead record(s), %d held key(s)", st.Dead, st.HeldKeys)}
+		// Keys held by a record in flight are normal under load; a key held
+		// by a failing or dead record is not.
+		failing := 0
+		for _, h := range held {
+			if h.Reason != storage.HoldLeased {
+				failing++
+			}
+		}
+		if err == nil && (st.Dead > 0 || failing > 0) {
+			return attentionError{fmt.Sprintf("%d dead record(s), %d key(s) held by a failing or dead record", st.Dead, failing)}
 		}
 		return err
 	},
