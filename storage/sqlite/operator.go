@@ -30,9 +30,19 @@ func (s *Storage) heldKeysSQL(count bool) string {
     SELECT h."key", o.id, o.status, o.leased_by, o.leased_until, o.due_at, o.last_error, o.created_at,
         (SELECT count(*) FROM %[1]s AS b
          WHERE b.status = 'pending' AND b."key" <> '' AND b."key" = h."key" AND b.id > o.id) AS behind
-    FROM (SELECT "key", min(id) AS id FROM %[1]s
-          WHERE "key" <> '' AND "key" > ?3 AND (status = 'pending' OR (?2 AND status = 'dead'))
-          GROUP BY "key") AS h
+    FROM (
+        -- Each key's first pending record, read in key order from the
+        -- pending keyed index (no sort), moved back to the key's first dead
+        -- record with ?2; then the keys with dead records only.
+        SELECT p."key", CASE WHEN ?2 THEN min(p.id, ifnull((SELECT min(d.id) FROM %[1]s AS d
+                WHERE d.status = 'dead' AND d."key" <> '' AND d."key" = p."key"), p.id)) ELSE p.id END AS id
+        FROM (SELECT "key", min(id) AS id FROM %[1]s
+              WHERE status = 'pending' AND "key" <> '' AND "key" > ?3 GROUP BY "key") AS p
+        UNION ALL
+        SELECT "key", min(id) FROM %[1]s AS d
+        WHERE ?2 AND d.status = 'dead' AND d."key" <> '' AND d."key" > ?3
+          AND NOT EXISTS (SELECT 1 FROM %[1]s AS e WHERE e.status = 'pending' AND e."key" <> '' AND e."key" = d."key")
+        GROUP BY "key") AS h
     JOIN %[1]s AS o ON o.id = h.id
     WHERE o.status = 'dead' OR max(o.due_at, ifnull(o.leased_until, 0)) > ?1)
 WHERE status = 'dead' OR behind > 0
