@@ -39,6 +39,15 @@ type Operator interface {
 	Skip(ctx context.Context, params SkipParams) error
 }
 
+// DeadLetterHolder is implemented by storages that can hold a key on
+// dead-letter. HoldOnDeadLetter reports whether this one does: a dead record
+// then holds back the later records of its key until it is re-driven or
+// skipped, and a relay that dead-letters a record must release, not publish,
+// the later records of its key it already holds.
+type DeadLetterHolder interface {
+	HoldOnDeadLetter() bool
+}
+
 // Errors of [Operator] callers branch on.
 var (
 	// ErrRecordNotFound is returned for an id that is not in the table.

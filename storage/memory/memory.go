@@ -81,16 +81,23 @@ type RecordState struct {
 
 // Compile-time checks of what the reference storage promises.
 var (
-	_ storage.Storage     = (*Storage)(nil)
-	_ storage.StatsReader = (*Storage)(nil)
-	_ storage.Maintainer  = (*Storage)(nil)
-	_ storage.Operator    = (*Storage)(nil)
+	_ storage.Storage          = (*Storage)(nil)
+	_ storage.StatsReader      = (*Storage)(nil)
+	_ storage.Maintainer       = (*Storage)(nil)
+	_ storage.Operator         = (*Storage)(nil)
+	_ storage.DeadLetterHolder = (*Storage)(nil)
 )
 
 // New returns an empty storage.
 func New(config Config) *Storage {
 	config.setDefaults()
 	return &Storage{config: config, byID: make(map[int64]*entry)}
+}
+
+// HoldOnDeadLetter reports whether a dead record holds back its key
+// (Config.HoldOnDeadLetter with strict ordering).
+func (s *Storage) HoldOnDeadLetter() bool {
+	return s.config.HoldOnDeadLetter && !s.config.DisableStrictOrdering
 }
 
 // Add inserts records, committed at once, and returns their ids in the same

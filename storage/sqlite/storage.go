@@ -108,6 +108,8 @@ var (
 	_ storage.Operator    = (*Storage)(nil)
 	_ storage.Migrator    = (*Storage)(nil)
 	_ storage.Diagnoser   = (*Storage)(nil)
+
+	_ storage.DeadLetterHolder = (*Storage)(nil)
 )
 
 // New returns a Storage over db, which should come from [Open] (or carry the

@@ -244,6 +244,9 @@ func testHeldKeys(t *testing.T, e *env) {
 }
 
 func testHoldUntilRedriven(t *testing.T, e *env) {
+	if h, ok := e.s.(storage.DeadLetterHolder); ok && !h.HoldOnDeadLetter() {
+		t.Fatal("the storage from Harness.NewHoldOnDeadLetter reports HoldOnDeadLetter() false")
+	}
 	all := e.insert("a", "a", "b")
 	a1, a2, b3 := all[0], all[1], all[2]
 	e.claim("worker-1", 1, longLease)
