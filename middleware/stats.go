@@ -38,6 +38,12 @@ type StatsCollectorConfig struct {
 //	txoutbox_outbox_delivered
 //	txoutbox_outbox_dead
 //	txoutbox_outbox_oldest_pending_age_seconds
+//	txoutbox_outbox_skipped
+//	txoutbox_outbox_held_keys
+//	txoutbox_outbox_forwarders
+//
+// The last three are 0 from storages that do not report them (see
+// storage.Stats).
 //
 // A read that fails or outruns Timeout leaves those gauges out of that scrape
 // (stale, rather than a false zero) and sets
@@ -51,6 +57,7 @@ type StatsCollector struct {
 	errors  atomic.Uint64
 
 	pending, leased, delivered, dead, oldestAge *prometheus.Desc
+	skipped, heldKeys, forwarders               *prometheus.Desc
 	lastError, errorsTotal, duration            *prometheus.Desc
 }
 
@@ -78,11 +85,14 @@ func NewStatsCollector(reader storage.StatsReader, config StatsCollectorConfig) 
 		timeout: config.Timeout,
 		logger:  config.Logger,
 
-		pending:   desc("pending", "Records not yet delivered nor dead, leased ones included."),
-		leased:    desc("leased", "Pending records currently leased to a forwarder."),
-		delivered: desc("delivered", "Delivered records not yet purged."),
-		dead:      desc("dead", "Dead-lettered records, waiting for an operator to re-drive or purge them."),
-		oldestAge: desc("oldest_pending_age_seconds", "Age of the oldest pending record; 0 when none is pending."),
+		pending:    desc("pending", "Records not yet delivered nor dead, leased ones included."),
+		leased:     desc("leased", "Pending records currently leased to a forwarder."),
+		delivered:  desc("delivered", "Delivered records not yet purged."),
+		dead:       desc("dead", "Dead-lettered records, waiting for an operator to re-drive or purge them."),
+		oldestAge:  desc("oldest_pending_age_seconds", "Age of the oldest pending record; 0 when none is pending."),
+		skipped:    desc("skipped", "Dead records an operator gave up on (skipped), kept for audit."),
+		heldKeys:   desc("held_keys", "Keys held back right now: their first record is leased, waiting for a retry, or dead (with hold on dead-letter), with records behind it."),
+		forwarders: desc("forwarders", "Distinct forwarders holding a live lease."),
 
 		lastError:   desc("stats_last_scrape_error", "1 if the last read of the outbox stats failed, else 0."),
 		errorsTotal: desc("stats_scrape_errors_total", "Reads of the outbox stats that failed or timed out."),
@@ -92,7 +102,7 @@ func NewStatsCollector(reader storage.StatsReader, config StatsCollectorConfig) 
 
 // Describe implements prometheus.Collector.
 func (c *StatsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pending, c.leased, c.delivered, c.dead, c.oldestAge, c.lastError, c.errorsTotal, c.duration} {
+	for _, d := range []*prometheus.Desc{c.pending, c.leased, c.delivered, c.dead, c.oldestAge, c.skipped, c.heldKeys, c.forwarders, c.lastError, c.errorsTotal, c.duration} {
 		ch <- d
 	}
 }
@@ -120,6 +130,9 @@ func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.delivered, float64(st.Delivered))
 		gauge(c.dead, float64(st.Dead))
 		gauge(c.oldestAge, st.OldestPendingAge.Seconds())
+		gauge(c.skipped, float64(st.Skipped))
+		gauge(c.heldKeys, float64(st.HeldKeys))
+		gauge(c.forwarders, float64(st.Forwarders))
 	}
 	ch <- prometheus.MustNewConstMetric(c.lastError, prometheus.GaugeValue, failed)
 	ch <- prometheus.MustNewConstMetric(c.errorsTotal, prometheus.CounterValue, float64(c.errors.Load()))

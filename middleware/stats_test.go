@@ -53,6 +53,12 @@ func TestStatsCollectorReadsTheTable(t *testing.T) {
 # HELP txoutbox_outbox_dead Dead-lettered records, waiting for an operator to re-drive or purge them.
 # TYPE txoutbox_outbox_dead gauge
 txoutbox_outbox_dead{table="outbox"} 1
+# HELP txoutbox_outbox_forwarders Distinct forwarders holding a live lease.
+# TYPE txoutbox_outbox_forwarders gauge
+txoutbox_outbox_forwarders{table="outbox"} 1
+# HELP txoutbox_outbox_held_keys Keys held back right now: their first record is leased, waiting for a retry, or dead (with hold on dead-letter), with records behind it.
+# TYPE txoutbox_outbox_held_keys gauge
+txoutbox_outbox_held_keys{table="outbox"} 0
 # HELP txoutbox_outbox_delivered Delivered records not yet purged.
 # TYPE txoutbox_outbox_delivered gauge
 txoutbox_outbox_delivered{table="outbox"} 2
@@ -68,13 +74,13 @@ txoutbox_outbox_stats_last_scrape_error{table="outbox"} 0
 # HELP txoutbox_outbox_stats_scrape_errors_total Reads of the outbox stats that failed or timed out.
 # TYPE txoutbox_outbox_stats_scrape_errors_total counter
 txoutbox_outbox_stats_scrape_errors_total{table="outbox"} 0
-`), "txoutbox_outbox_dead", "txoutbox_outbox_delivered", "txoutbox_outbox_leased", "txoutbox_outbox_pending",
+`), "txoutbox_outbox_dead", "txoutbox_outbox_delivered", "txoutbox_outbox_forwarders", "txoutbox_outbox_held_keys", "txoutbox_outbox_leased", "txoutbox_outbox_pending",
 		"txoutbox_outbox_stats_last_scrape_error", "txoutbox_outbox_stats_scrape_errors_total")
 	if err != nil {
 		t.Error(err)
 	}
-	if n := testutil.CollectAndCount(c); n != 8 {
-		t.Errorf("collected %d metrics, want 8", n)
+	if n := testutil.CollectAndCount(c); n != 11 {
+		t.Errorf("collected %d metrics, want 11", n)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)

@@ -22,6 +22,15 @@
 //     back while an earlier pending record with the same key is not claimable
 //     right now. Records with an empty key are never held back.
 //
+// # Optional interfaces
+//
+// Storages may also implement [StatsReader] (the metrics), [Inserter] (the
+// transactional publisher), [Maintainer] (purge, re-drive), [Operator] (what
+// the txoutbox command and an admin endpoint need: held keys, dead letters,
+// one record, skip), [Migrator] (versioned migrations) and [Diagnoser]
+// (doctor). A storage that holds keys on dead-letter keeps rule 4 with dead
+// records counted as not claimable, until they are re-driven or skipped.
+//
 // The interface is meant to be implemented by users and is kept stable: every
 // method takes a context and one parameter struct, so the contract can grow new
 // optional fields without breaking implementations.

@@ -123,11 +123,15 @@ type ExtendParams struct {
 // Status is the state of a record in the table.
 type Status string
 
-// The states a record goes through: pending until delivered or dead.
+// The states a record goes through: pending until delivered or dead; a dead
+// record is re-driven (pending again) or skipped by an operator.
 const (
 	StatusPending   Status = "pending"
 	StatusDelivered Status = "delivered"
 	StatusDead      Status = "dead"
+	// StatusSkipped is a dead record an operator gave up on ([Operator.Skip]):
+	// it is never delivered and no longer holds back its key.
+	StatusSkipped Status = "skipped"
 )
 
 // Stats is a snapshot of the outbox table, for dashboards and alerts.
@@ -142,6 +146,15 @@ type Stats struct {
 	Dead int64
 	// OldestPendingAge is the age of the oldest pending record, 0 when none.
 	OldestPendingAge time.Duration
+	// Skipped counts dead records an operator gave up on ([Operator.Skip]);
+	// 0 from storages without Skip.
+	Skipped int64
+	// HeldKeys counts the keys held back right now (see [Operator.HeldKeys]);
+	// 0 from storages that do not report it.
+	HeldKeys int64
+	// Forwarders counts the distinct workers holding a live lease: the
+	// forwarders seen working right now. 0 from storages that do not report it.
+	Forwarders int64
 }
 
 // StatsReader is implemented by storages that can report [Stats]; the metrics
@@ -177,19 +190,34 @@ var (
 )
 
 // RedriveParams select dead-lettered records to put back to pending with
-// attempts reset. Exactly one of IDs or Topic must be set.
+// attempts reset. Exactly one of IDs, Key, Topic or All must be set.
+//
+// Re-driven records keep their ids, so they are claimed again in id order per
+// key, before any later record of their key. Re-driving is idempotent: only
+// records that are dead when it runs change, so running it twice changes
+// nothing the second time.
 type RedriveParams struct {
-	// IDs re-drives these dead-lettered records.
+	// IDs re-drives these dead-lettered records; other ids are ignored.
 	IDs []int64
+	// Key re-drives every dead-lettered record of this ordering key.
+	Key string
 	// Topic re-drives every dead-lettered record of this topic.
 	Topic string
+	// All re-drives every dead-lettered record.
+	All bool
 }
 
 // Validate reports an error wrapping ErrInvalidRedrive unless exactly one of
-// IDs or Topic is set.
+// IDs, Key, Topic or All is set.
 func (p RedriveParams) Validate() error {
-	if (len(p.IDs) == 0) == (p.Topic == "") {
-		return fmt.Errorf("%w: set exactly one of RedriveParams.IDs or RedriveParams.Topic", ErrInvalidRedrive)
+	n := 0
+	for _, set := range []bool{len(p.IDs) > 0, p.Key != "", p.Topic != "", p.All} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return fmt.Errorf("%w: set exactly one of RedriveParams.IDs, Key, Topic or All", ErrInvalidRedrive)
 	}
 	return nil
 }
@@ -212,6 +240,9 @@ type Maintainer interface {
 	// it never holds a long lock, and returns how many it deleted.
 	Purge(ctx context.Context, olderThan time.Duration) (int64, error)
 	// Redrive puts dead-lettered records back to pending with attempts reset
-	// and no error, and returns how many it changed.
+	// and no error, due at once, and returns how many it changed. Records keep
+	// their ids; records that are not dead are left alone (idempotent). A
+	// storage that cannot select by Key or All returns an error wrapping
+	// ErrInvalidRedrive for them rather than re-driving nothing.
 	Redrive(ctx context.Context, params RedriveParams) (int64, error)
 }

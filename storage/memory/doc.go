@@ -4,9 +4,10 @@
 //
 // It keeps every record in a slice ordered by id behind one mutex, so each
 // method is a short, linear piece of code that states one rule of the contract.
-// It implements [storage.Storage], [storage.StatsReader] and
-// [storage.Maintainer], and passes the whole storagetest suite with strict
-// ordering on (the default) and off.
+// It implements [storage.Storage], [storage.StatsReader],
+// [storage.Maintainer] and [storage.Operator], and passes the whole
+// storagetest suite with strict ordering on (the default) and off, and with
+// Config.HoldOnDeadLetter.
 //
 // Nothing survives the process, so it is meant for tests, examples and
 // prototypes, not for production: records are inserted with [Storage.Add],

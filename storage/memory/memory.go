@@ -18,6 +18,15 @@ type Config struct {
 	// waiting for its retry. Defaults to false (strict ordering on).
 	DisableStrictOrdering bool
 
+	// HoldOnDeadLetter makes a dead-lettered record hold back the later
+	// records of its key until it is re-driven or skipped, so that a poison
+	// message never breaks the order of its key. A record that failed before
+	// is then claimed without the later records of its key, so that a
+	// forwarder cannot publish them in the same batch after dead-lettering
+	// it. Needs strict ordering; ignored without it. Defaults to false: a
+	// dead record lets its key move on.
+	HoldOnDeadLetter bool
+
 	// Now is the clock used for leases, due times and ages. Defaults to
 	// time.Now; tests can pass a fake clock.
 	Now func() time.Time
@@ -49,6 +58,9 @@ type entry struct {
 	leasedUntil time.Time // zero when not leased
 	dueAt       time.Time // zero when due at once
 	deliveredAt time.Time // set by Ack, for Purge
+	deadAt      time.Time // set by DeadLetter
+	skippedAt   time.Time // set by Skip
+	skipReason  string
 }
 
 // RecordState is a snapshot of one stored record, returned by [Storage.Get].
@@ -69,15 +81,23 @@ type RecordState struct {
 
 // Compile-time checks of what the reference storage promises.
 var (
-	_ storage.Storage     = (*Storage)(nil)
-	_ storage.StatsReader = (*Storage)(nil)
-	_ storage.Maintainer  = (*Storage)(nil)
+	_ storage.Storage          = (*Storage)(nil)
+	_ storage.StatsReader      = (*Storage)(nil)
+	_ storage.Maintainer       = (*Storage)(nil)
+	_ storage.Operator         = (*Storage)(nil)
+	_ storage.DeadLetterHolder = (*Storage)(nil)
 )
 
 // New returns an empty storage.
 func New(config Config) *Storage {
 	config.setDefaults()
 	return &Storage{config: config, byID: make(map[int64]*entry)}
+}
+
+// HoldOnDeadLetter reports whether a dead record holds back its key
+// (Config.HoldOnDeadLetter with strict ordering).
+func (s *Storage) HoldOnDeadLetter() bool {
+	return s.config.HoldOnDeadLetter && !s.config.DisableStrictOrdering
 }
 
 // Add inserts records, committed at once, and returns their ids in the same
@@ -146,6 +166,7 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 
 	now := s.config.Now()
 	strict := !s.config.DisableStrictOrdering
+	hold := strict && s.config.HoldOnDeadLetter
 	// heldBack holds the keys whose first pending record is not claimable now:
 	// every later record of such a key waits (strict ordering).
 	heldBack := make(map[string]bool)
@@ -155,10 +176,14 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 		if len(claimed) == params.BatchSize {
 			break
 		}
+		key := e.record.Key
+		if hold && key != "" && e.status == storage.StatusDead {
+			heldBack[key] = true // until re-driven or skipped
+			continue
+		}
 		if e.status != storage.StatusPending {
 			continue
 		}
-		key := e.record.Key
 		if strict && key != "" && heldBack[key] {
 			continue
 		}
@@ -171,6 +196,11 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 			continue
 		}
 		claimed = append(claimed, e)
+		if hold && key != "" && e.lastError != "" {
+			// It failed before and may be dead-lettered this time: the rest
+			// of its key must not be in the forwarder's hands by then.
+			heldBack[key] = true
+		}
 	}
 
 	out := make([]storage.Record, 0, len(claimed))
@@ -249,6 +279,7 @@ func (s *Storage) DeadLetter(ctx context.Context, params storage.DeadLetterParam
 	if e := s.leased(params.ID, params.WorkerID); e != nil {
 		e.status = storage.StatusDead
 		e.lastError = params.Error
+		e.deadAt = s.config.Now()
 		e.endLease()
 	}
 	return nil
@@ -302,8 +333,18 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 			stats.Delivered++
 		case storage.StatusDead:
 			stats.Dead++
+		case storage.StatusSkipped:
+			stats.Skipped++
 		}
 	}
+	stats.HeldKeys = int64(len(s.heldKeys(now)))
+	workers := make(map[string]bool)
+	for _, e := range s.records {
+		if e.status == storage.StatusPending && e.leasedBy != "" && now.Before(e.leasedUntil) {
+			workers[e.leasedBy] = true
+		}
+	}
+	stats.Forwarders = int64(len(workers))
 	return stats, nil
 }
 
@@ -355,20 +396,22 @@ func (s *Storage) Redrive(ctx context.Context, params storage.RedriveParams) (in
 		e.record.Attempts = 0
 		e.lastError = ""
 		e.dueAt = time.Time{}
+		e.deadAt = time.Time{}
 		e.endLease()
 		return 1
 	}
 	var changed int64
-	if params.Topic != "" {
-		for _, e := range s.records {
-			if e.record.Topic == params.Topic {
-				changed += redrive(e)
-			}
+	if len(params.IDs) > 0 {
+		for _, id := range params.IDs {
+			changed += redrive(s.byID[id])
 		}
 		return changed, nil
 	}
-	for _, id := range params.IDs {
-		changed += redrive(s.byID[id])
+	for _, e := range s.records {
+		if params.All || (params.Topic != "" && e.record.Topic == params.Topic) ||
+			(params.Key != "" && e.record.Key == params.Key) {
+			changed += redrive(e)
+		}
 	}
 	return changed, nil
 }

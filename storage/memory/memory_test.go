@@ -41,7 +41,12 @@ func harness(config memory.Config) storagetest.Harness {
 			}
 		},
 		StrictOrdering: !config.DisableStrictOrdering,
-		Parallel:       true,
+		NewHoldOnDeadLetter: func(t *testing.T) storage.Storage {
+			c := config
+			c.HoldOnDeadLetter = true
+			return memory.New(c)
+		},
+		Parallel: true,
 	}
 }
 

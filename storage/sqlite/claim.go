@@ -31,6 +31,20 @@ func (s *Storage) buildSQL() {
         WHERE e.status = 'pending' AND e."key" <> '' AND e."key" = o."key"
           AND max(e.due_at, ifnull(e.leased_until, 0)) > ?3 AND e.id < o.id))`, t)
 	}
+	if s.hold {
+		// A dead record holds its key until re-driven or skipped; and a
+		// record that failed before is claimed without the later records of
+		// its key, which must not be in a forwarder's batch if this attempt
+		// dead-letters it. Both probes read small partial indexes.
+		strict += fmt.Sprintf(`
+      AND (o."key" = '' OR NOT EXISTS (
+        SELECT 1 FROM %[1]s AS d
+        WHERE d.status = 'dead' AND d."key" <> '' AND d."key" = o."key" AND d.id < o.id))
+      AND (o."key" = '' OR NOT EXISTS (
+        SELECT 1 FROM %[1]s AS f
+        WHERE f.status = 'pending' AND f."key" <> '' AND f.last_error IS NOT NULL
+          AND f."key" = o."key" AND f.id < o.id))`, t)
+	}
 	// One statement: SQLite takes the write lock when the statement starts
 	// (before it reads), so no other claimer can claim the same rows, and the
 	// busy timeout applies to that wait whatever the transaction's BEGIN mode.
@@ -56,7 +70,8 @@ WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t)
 	s.extendSQL = fmt.Sprintf(`UPDATE %s SET leased_until = ?3
 WHERE %s AND leased_by = ?2 AND leased_until > ?4 AND status = 'pending'
 RETURNING id`, t, ids)
-	s.deadSQL = fmt.Sprintf(`UPDATE %s SET status = 'dead', last_error = ?3, leased_by = NULL, leased_until = NULL
+	// A dead record's due_at is when it was dead-lettered.
+	s.deadSQL = fmt.Sprintf(`UPDATE %s SET status = 'dead', last_error = ?3, due_at = ?4, leased_by = NULL, leased_until = NULL
 WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t)
 }
 
@@ -164,7 +179,7 @@ func (s *Storage) DeadLetter(ctx context.Context, params storage.DeadLetterParam
 	if params.WorkerID == "" {
 		return nil
 	}
-	if err := s.exec(ctx, s.deadSQL, params.ID, params.WorkerID, params.Error); err != nil {
+	if err := s.exec(ctx, s.deadSQL, params.ID, params.WorkerID, params.Error, nanos(s.now())); err != nil {
 		return fmt.Errorf("dead-letter outbox record %d: %w", params.ID, err)
 	}
 	return nil

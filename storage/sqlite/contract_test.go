@@ -24,7 +24,10 @@ func TestContract(t *testing.T) {
 					return storagetest.State(inspect(t, s.(*Storage), id))
 				},
 				StrictOrdering: strict,
-				Parallel:       true,
+				NewHoldOnDeadLetter: func(t *testing.T) storage.Storage {
+					return newTestStorage(t, Config{HoldOnDeadLetter: true})
+				},
+				Parallel: true,
 			})
 		})
 	}

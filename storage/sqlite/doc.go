@@ -14,7 +14,7 @@
 //	if err != nil { ... }
 //	outbox, err := sqlite.New(db, sqlite.Config{})
 //	if err != nil { ... }
-//	if err := outbox.CreateSchema(ctx); err != nil { ... }
+//	if err := outbox.Migrate(ctx); err != nil { ... } // versioned; safe to run concurrently
 //
 //	tx, err := db.BeginTx(ctx, nil)
 //	// ... business writes through tx ...
@@ -36,6 +36,16 @@
 // Because writers are serialised, a record's id order is also its commit
 // order, and Config.VisibilityDelay is rarely needed.
 //
+// # Migrations and operations
+//
+// The schema is a list of numbered steps embedded in the package
+// ([Storage.Migrations]) with a version table, <table>_migrations.
+// [Storage.Migrate] applies the missing ones under BEGIN IMMEDIATE, so
+// concurrent callers are safe; [Storage.SchemaSQL] is every step in order.
+// The storage implements [storage.Operator] (held keys, dead letters, one
+// record, re-drive, skip; skipped records move to <table>_skipped with their
+// reason) and [storage.Diagnoser], which the txoutbox command uses.
+//
 // # Time
 //
 // Timestamps are stored as INTEGER Unix nanoseconds from the application
@@ -51,7 +61,9 @@
 // NOT EXISTS over a partial index of pending keyed records on (key, the later
 // of due_at and leased_until), so it visits only the few records of the key
 // that block right now, however many are queued behind them: a hot key does
-// not make claims slower. A claim still steps over the held-back records
+// not make claims slower. With Config.HoldOnDeadLetter a dead record of the
+// key blocks too, and a record that failed before is claimed without the rest
+// of its key; both checks read small partial indexes of their own. A claim still steps over the held-back records
 // ahead of the claimable ones, so a deep backlog behind keys that another
 // worker holds costs the next claim a scan of that backlog.
 package sqlite

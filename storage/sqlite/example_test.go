@@ -31,7 +31,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := outbox.CreateSchema(ctx); err != nil {
+	if err := outbox.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
 
@@ -75,4 +75,82 @@ func Example() {
 	// Output:
 	// orders.created key=o-1 attempt=1 {"id":"o-1"}
 	// pending=0 delivered=1
+}
+
+// An operator's day: migrate, find the dead letter, read it, re-drive its
+// key. The txoutbox command does the same through storage.Operator.
+func ExampleStorage_Migrate() {
+	dir, err := os.MkdirTemp("", "outbox-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	db, err := sqlite.Open(filepath.Join(dir, "app.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = db.Close() }()
+	outbox, err := sqlite.New(db, sqlite.Config{HoldOnDeadLetter: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := outbox.Migrate(ctx); err != nil { // safe to run from every instance at start
+		log.Fatal(err)
+	}
+	ms, err := outbox.MigrationStatus(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("schema version %d of %d\n", ms.Current, ms.Latest)
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = outbox.Insert(ctx, tx, []storage.Record{
+		{UUID: "u-1", Topic: "orders", Key: "o-1", Payload: []byte(`{"v":1}`)},
+		{UUID: "u-2", Topic: "orders", Key: "o-1", Payload: []byte(`{"v":2}`)},
+	})
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	// A forwarder gives up on the first record: with HoldOnDeadLetter it
+	// holds back the second.
+	recs, err := outbox.Claim(ctx, storage.ClaimParams{BatchSize: 1, Lease: time.Minute, WorkerID: "fwd-1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := outbox.DeadLetter(ctx, storage.DeadLetterParams{ID: recs[0].ID, WorkerID: "fwd-1", Error: "schema rejected"}); err != nil {
+		log.Fatal(err)
+	}
+
+	var op storage.Operator = outbox
+	held, err := op.HeldKeys(ctx, storage.HeldKeysParams{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("key %s held by record %d (%s), %d behind\n", held[0].Key, held[0].HeadID, held[0].Reason, held[0].Behind)
+	dead, err := op.ListDead(ctx, storage.ListDeadParams{Topic: "orders"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	full, err := op.Record(ctx, dead[0].Record.ID)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("dead: %d %s %q\n", full.Record.ID, full.Record.Payload, full.LastError)
+	n, err := op.Redrive(ctx, storage.RedriveParams{Key: "o-1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("re-driven:", n)
+	// Output:
+	// schema version 2 of 2
+	// key o-1 held by record 1 (dead), 1 behind
+	// dead: 1 {"v":1} "schema rejected"
+	// re-driven: 1
 }

@@ -14,8 +14,9 @@ import (
 const PurgeBatchSize = 1000
 
 // Stats implements [storage.StatsReader]. The counts come from one read
-// transaction, so they are consistent with each other, and each is answered
-// from a partial index.
+// transaction, so they are consistent with each other; all but HeldKeys
+// are answered from a partial index (HeldKeys groups the pending keyed
+// records).
 func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 	var st storage.Stats
 	now := s.now()
@@ -31,8 +32,11 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
     (SELECT count(*) FROM %[1]s WHERE status = 'pending' AND leased_until > ?1),
     (SELECT count(*) FROM %[1]s WHERE status = 'delivered'),
     (SELECT count(*) FROM %[1]s WHERE status = 'dead'),
-    (SELECT created_at FROM %[1]s WHERE status = 'pending' ORDER BY id LIMIT 1)`, t),
-		nanos(now)).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &oldest)
+    (SELECT created_at FROM %[1]s WHERE status = 'pending' ORDER BY id LIMIT 1),
+    (SELECT count(*) FROM %[2]s),
+    (SELECT count(DISTINCT leased_by) FROM %[1]s WHERE status = 'pending' AND leased_until > ?1),
+    (%[3]s)`, t, quote(s.SkippedTable()), s.heldKeysSQL(true)),
+		nanos(now), s.hold, "", -1).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &oldest, &st.Skipped, &st.Forwarders, &st.HeldKeys)
 	if err != nil {
 		return st, fmt.Errorf("read outbox stats of %q: %w", s.table, err)
 	}
@@ -74,7 +78,9 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 }
 
 // Redrive implements [storage.Maintainer]: the selected dead-lettered records
-// become pending, due at once, with attempts and last error cleared.
+// become pending, due at once, with attempts and last error cleared, in one
+// statement. They keep their ids, so each key's records are claimed again in
+// id order.
 func (s *Storage) Redrive(ctx context.Context, params storage.RedriveParams) (int64, error) {
 	if err := params.Validate(); err != nil {
 		return 0, fmt.Errorf("redrive outbox records: %w", err)
@@ -83,9 +89,14 @@ func (s *Storage) Redrive(ctx context.Context, params storage.RedriveParams) (in
     leased_by = NULL, leased_until = NULL WHERE status = 'dead' AND `, quote(s.table))
 	var query string
 	var arg any
-	if params.Topic != "" {
+	switch {
+	case params.Topic != "":
 		query, arg = set+`topic = ?1`, params.Topic
-	} else {
+	case params.Key != "":
+		query, arg = set+`"key" = ?1`, params.Key
+	case params.All:
+		query, arg = set+`?1`, true
+	default:
 		query, arg = set+`id IN (SELECT value FROM json_each(?1))`, idsJSON(params.IDs)
 	}
 	var n int64

@@ -120,8 +120,8 @@ func TestCreateSchemaIdempotentAndCustomTable(t *testing.T) {
 	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events_outbox' AND sql IS NOT NULL`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	if n != 4 {
-		t.Errorf("events_outbox has %d indexes, want 4", n)
+	if n != 6 {
+		t.Errorf("events_outbox has %d indexes, want 6", n)
 	}
 }
 
@@ -470,7 +470,7 @@ func TestStatsAndPurge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := storage.Stats{Pending: 4, Leased: 1, Delivered: int64(n - 5), Dead: 1, OldestPendingAge: time.Minute}
+	want := storage.Stats{Pending: 4, Leased: 1, Delivered: int64(n - 5), Dead: 1, OldestPendingAge: time.Minute, Forwarders: 1}
 	if st != want {
 		t.Fatalf("stats %+v, want %+v", st, want)
 	}

@@ -36,6 +36,15 @@ type Config struct {
 	// rarely needed: writers are serialised, so id order is commit order.
 	// Defaults to 0; must be >= 0.
 	VisibilityDelay time.Duration
+
+	// HoldOnDeadLetter makes a dead-lettered record hold back the later
+	// records of its key until it is re-driven or skipped (pg-boss calls
+	// these blocked keys), so that a poison message never breaks the order
+	// of its key. A record that failed before is then claimed without the
+	// later records of its key, so that a forwarder cannot publish them in
+	// the same batch after dead-lettering it. Needs strict ordering.
+	// Defaults to false: a dead record lets its key move on.
+	HoldOnDeadLetter bool
 }
 
 func (c *Config) setDefaults() {
@@ -52,6 +61,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("Config.Table %q: %w (use letters, digits and underscores, at most 64, not starting with a digit or sqlite_)",
 			c.Table, storage.ErrInvalidIdentifier)
 	}
+	if c.HoldOnDeadLetter && c.DisableStrictOrdering {
+		return errors.New("Config.HoldOnDeadLetter needs strict ordering (unset DisableStrictOrdering)")
+	}
 	if c.VisibilityDelay < 0 {
 		return fmt.Errorf("Config.VisibilityDelay must be >= 0, got %s", c.VisibilityDelay)
 	}
@@ -59,13 +71,15 @@ func (c Config) Validate() error {
 }
 
 // Storage is the SQLite outbox storage. It implements [storage.Storage],
-// [storage.Inserter], [storage.StatsReader] and [storage.Maintainer], and is
+// [storage.Inserter], [storage.StatsReader], [storage.Maintainer],
+// [storage.Operator], [storage.Migrator] and [storage.Diagnoser], and is
 // safe for concurrent use, including by forwarders in other processes that
 // share the database file.
 type Storage struct {
 	db              *sql.DB
 	table           string // unquoted; valid identifier
 	strict          bool
+	hold            bool
 	visibilityDelay time.Duration
 
 	// now is the clock of every timestamp the storage writes and compares.
@@ -91,11 +105,16 @@ var (
 	_ storage.Inserter    = (*Storage)(nil)
 	_ storage.StatsReader = (*Storage)(nil)
 	_ storage.Maintainer  = (*Storage)(nil)
+	_ storage.Operator    = (*Storage)(nil)
+	_ storage.Migrator    = (*Storage)(nil)
+	_ storage.Diagnoser   = (*Storage)(nil)
+
+	_ storage.DeadLetterHolder = (*Storage)(nil)
 )
 
 // New returns a Storage over db, which should come from [Open] (or carry the
 // same settings, see [DSNParams]). It does not create the table: call
-// [Storage.CreateSchema] or run [Storage.SchemaSQL] in your migrations.
+// [Storage.Migrate] or run [Storage.Migrations] in your migration tool.
 func New(db *sql.DB, config Config) (*Storage, error) {
 	if db == nil {
 		return nil, errors.New("new sqlite storage: db is nil (open one with sqlite.Open)")
@@ -108,6 +127,7 @@ func New(db *sql.DB, config Config) (*Storage, error) {
 		db:              db,
 		table:           config.Table,
 		strict:          !config.DisableStrictOrdering,
+		hold:            config.HoldOnDeadLetter,
 		visibilityDelay: config.VisibilityDelay,
 		now:             time.Now,
 		writeSem:        make(chan struct{}, 1),
@@ -122,65 +142,8 @@ func (s *Storage) Table() string { return s.table }
 // StrictOrdering reports whether strict per-key ordering is on.
 func (s *Storage) StrictOrdering() bool { return s.strict }
 
-// SchemaSQL returns the statements that create the outbox table and its
-// indexes, for your migration tool. They are idempotent (IF NOT EXISTS).
-//
-// Timestamps (created_at, due_at, leased_until, delivered_at) are INTEGER
-// Unix nanoseconds from the application clock: comparisons are exact integer
-// comparisons, and SQLite runs in the application's process, so its clock is
-// the host clock anyway. A due_at of 0 means due at once; leased_by and
-// leased_until are NULL when the record is not leased.
-//
-// The partial indexes serve, in order: claims (pending records by id), the
-// strict-ordering check (pending keyed records by key and the time until
-// which they block their key), Purge (delivered records by delivery time)
-// and Redrive by topic (dead records by topic).
-func (s *Storage) SchemaSQL() string {
-	t := quote(s.table)
-	ix := func(suffix string) string { return quote(s.table + "_" + suffix) }
-	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
-    id           INTEGER PRIMARY KEY AUTOINCREMENT,
-    uuid         TEXT    NOT NULL,
-    topic        TEXT    NOT NULL,
-    "key"        TEXT    NOT NULL DEFAULT '',
-    payload      BLOB    NOT NULL,
-    metadata     TEXT,
-    created_at   INTEGER NOT NULL,
-    due_at       INTEGER NOT NULL DEFAULT 0,
-    attempts     INTEGER NOT NULL DEFAULT 0,
-    leased_by    TEXT,
-    leased_until INTEGER,
-    status       TEXT    NOT NULL DEFAULT 'pending'
-                 CHECK (status IN ('pending', 'delivered', 'dead')),
-    last_error   TEXT,
-    delivered_at INTEGER
-);
-CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s ("key", max(due_at, ifnull(leased_until, 0)))
-    WHERE status = 'pending' AND "key" <> '';
-CREATE INDEX IF NOT EXISTS %[4]s ON %[1]s (delivered_at) WHERE status = 'delivered';
-CREATE INDEX IF NOT EXISTS %[5]s ON %[1]s (topic, id) WHERE status = 'dead';
-`, t, ix("pending"), ix("pending_key"), ix("delivered"), ix("dead_topic"))
-}
-
-// CreateSchema runs [Storage.SchemaSQL] in one transaction.
-func (s *Storage) CreateSchema(ctx context.Context) error {
-	err := s.write(ctx, func(ctx context.Context) error {
-		tx, err := s.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback() }()
-		if _, err := tx.ExecContext(ctx, s.SchemaSQL()); err != nil {
-			return err
-		}
-		return tx.Commit()
-	})
-	if err != nil {
-		return fmt.Errorf("create outbox schema %q: %w", s.table, err)
-	}
-	return nil
-}
+// HoldOnDeadLetter reports whether a dead record holds back its key.
+func (s *Storage) HoldOnDeadLetter() bool { return s.hold }
 
 // write runs fn, a write that has no effect when it fails, while holding this
 // Storage's write semaphore, and runs it again while it fails because another

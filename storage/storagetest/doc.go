@@ -33,9 +33,11 @@
 // a lease or a retry use [Harness.ShortLease] (250ms by default) and poll with
 // a deadline, so the suite takes a few seconds; run it with -race. Cases that
 // read stored errors and statuses are skipped without [Harness.Inspect], the
-// strict-ordering cases without [Harness.StrictOrdering], and the Stats and
-// Maintenance cases unless the storage implements [storage.StatsReader] or
-// [storage.Maintainer].
+// strict-ordering cases without [Harness.StrictOrdering], the Stats,
+// Maintenance and Operator cases unless the storage implements
+// [storage.StatsReader], [storage.Maintainer] or [storage.Operator] (or
+// [Harness.Operator] returns one), and the HoldOnDeadLetter cases without
+// [Harness.NewHoldOnDeadLetter].
 //
 // The suite uses the application clock (time.Now) for RetryAt and to judge
 // what happened too early, so the storage's clock must agree with it: a

@@ -25,6 +25,18 @@ type Harness struct {
 	// cases run only when it is true.
 	StrictOrdering bool
 
+	// NewHoldOnDeadLetter, if set, returns a fresh, empty storage that holds
+	// a key on dead-letter: a dead record holds back the later records of its
+	// key until it is re-driven or skipped, and a record that failed before
+	// is claimed without the later records of its key. The HoldOnDeadLetter
+	// cases run on it, and are skipped without it. Needs StrictOrdering.
+	NewHoldOnDeadLetter func(t *testing.T) storage.Storage
+
+	// Operator, if set, returns the [storage.Operator] of a storage made by
+	// New or NewHoldOnDeadLetter. Defaults to a type assertion; the Operator
+	// cases are skipped when it returns nil or the assertion fails.
+	Operator func(t *testing.T, s storage.Storage) storage.Operator
+
 	// Parallel runs the cases with t.Parallel.
 	Parallel bool
 

@@ -33,7 +33,9 @@ type testCase struct {
 	strict bool
 	// inspect marks cases that cannot say anything without Harness.Inspect.
 	inspect bool
-	run     func(t *testing.T, e *env)
+	// hold marks cases that run on Harness.NewHoldOnDeadLetter's storage.
+	hold bool
+	run  func(t *testing.T, e *env)
 }
 
 // group is a set of cases run under one parent test.
@@ -45,8 +47,10 @@ type group struct {
 // Run runs the contract suite against the storage h makes, as subtests of t.
 // Every case gets a fresh storage from h.New. Cases that need Harness.Inspect
 // are skipped when it is nil, and the strict-ordering cases when
-// h.StrictOrdering is false. Stats and Maintenance cases run only when the
-// storage implements [storage.StatsReader] or [storage.Maintainer].
+// h.StrictOrdering is false. Stats, Maintenance and Operator cases run only
+// when the storage implements [storage.StatsReader], [storage.Maintainer] or
+// [storage.Operator], and HoldOnDeadLetter cases only with
+// h.NewHoldOnDeadLetter.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.New == nil || h.Insert == nil {
@@ -68,8 +72,17 @@ func Run(t *testing.T, h Harness) {
 					if c.inspect && h.Inspect == nil {
 						t.Skip("skipped: needs Harness.Inspect to read the stored status and error")
 					}
+					if c.hold && (h.NewHoldOnDeadLetter == nil || !h.StrictOrdering) {
+						t.Skip("skipped: needs Harness.NewHoldOnDeadLetter (and StrictOrdering)")
+					}
 					if h.Parallel {
 						t.Parallel()
+					}
+					if c.hold {
+						hh := h
+						hh.New = h.NewHoldOnDeadLetter
+						c.run(t, newEnv(t, hh))
+						return
 					}
 					c.run(t, newEnv(t, h))
 				})
@@ -93,6 +106,8 @@ func groups() []group {
 		{"Concurrency", concurrencyCases()},
 		{"Stats", statsCases()},
 		{"Maintenance", maintenanceCases()},
+		{"Operator", operatorCases()},
+		{"HoldOnDeadLetter", holdCases()},
 	}
 }
 

@@ -1,0 +1,127 @@
+// Command txoutbox is the operator's tool for a txoutbox outbox table:
+// versioned migrations, status and held keys, dead letters, re-drive, skip,
+// purge and doctor.
+//
+//	go install github.com/txoutbox/txoutbox/cmd/txoutbox@latest
+//	export TXOUTBOX_DATABASE_URL=sqlite:///var/lib/app/app.db
+//	txoutbox migrate up
+//	txoutbox status
+//
+// The database URL comes from --database-url or TXOUTBOX_DATABASE_URL (better
+// for a URL holding a password: it stays out of the process list), the table
+// from --table (default outbox). A password in the URL never appears in any
+// output or error. Every command takes --json for scripts and --help for its
+// flags and an example.
+//
+// This build operates SQLite databases (sqlite:///path/to.db, sqlite:path,
+// file:path); PostgreSQL and MySQL URLs are recognised and refused with a
+// clear error until their storages implement storage.Operator.
+//
+// # Exit codes
+//
+//	0  success
+//	1  error: the database could not be reached or read, a write failed, ...
+//	2  usage: unknown command or flag, missing argument
+//	3  attention: status found dead records or keys held by a failing or dead
+//	   record (keys held by a record in flight are normal); doctor found a
+//	   problem; migrate status found steps not applied
+//	4  not found: dead show or skip of an id that is not there (or, for skip, not dead)
+//
+// See docs/operations.md for the full reference.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit codes; see the package documentation.
+const (
+	exitOK        = 0
+	exitError     = 1
+	exitUsage     = 2
+	exitAttention = 3
+	exitNotFound  = 4
+)
+
+// envDatabaseURL is the environment variable holding the database URL.
+const envDatabaseURL = "TXOUTBOX_DATABASE_URL"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// usageError is a mistake in the command line: exit code 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// attentionError is a finding that needs an operator: exit code 3. The
+// command has printed its output already.
+type attentionError struct{ msg string }
+
+func (e attentionError) Error() string { return e.msg }
+
+// notFoundError: exit code 4.
+type notFoundError struct{ err error }
+
+func (e notFoundError) Error() string { return e.err.Error() }
+func (e notFoundError) Unwrap() error { return e.err }
+
+// run runs the command line args and returns the exit code. Everything it
+// writes to stdout and stderr goes through the redactor.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	dbURL := getenv(envDatabaseURL)
+	for i, a := range args { // the password must be known before anything is written
+		if v, ok := cutFlag(a, "database-url"); ok {
+			dbURL = v
+		} else if (a == "--database-url" || a == "-database-url") && i+1 < len(args) {
+			dbURL = args[i+1]
+		}
+	}
+	red := newRedactor(dbURL)
+	out := redactingWriter{stdout, red}
+	errOut := redactingWriter{stderr, red}
+
+	err := dispatch(ctx, args, out, errOut, getenv, red)
+	var (
+		ue usageError
+		ae attentionError
+		nf notFoundError
+	)
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, errHelp):
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(errOut, "txoutbox: %v\nRun 'txoutbox help' for usage.\n", err)
+		return exitUsage
+	case errors.As(err, &ae):
+		fmt.Fprintf(errOut, "txoutbox: %v\n", err)
+		return exitAttention
+	case errors.As(err, &nf):
+		fmt.Fprintf(errOut, "txoutbox: %v\n", err)
+		return exitNotFound
+	default:
+		fmt.Fprintf(errOut, "txoutbox: %v\n", err)
+		return exitError
+	}
+}
+
+func cutFlag(arg, name string) (string, bool) {
+	for _, p := range []string{"--" + name + "=", "-" + name + "="} {
+		if len(arg) > len(p) && arg[:len(p)] == p {
+			return arg[len(p):], true
+		}
+	}
+	return "", false
+}

@@ -1,0 +1,236 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// The schema as numbered steps: NNN_name.up.sql, and NNN_name.down.sql where
+// reverting is safe. {table} stands for the outbox table's name.
+//
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+type step struct {
+	version  int
+	name     string
+	up, down string
+}
+
+var loadSteps = sync.OnceValue(func() []step {
+	files, err := fs.Glob(migrationFiles, "migrations/*.up.sql")
+	if err != nil {
+		panic(err)
+	}
+	var steps []step
+	for _, f := range files {
+		base := strings.TrimSuffix(path.Base(f), ".up.sql")
+		num, name, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v != len(steps)+1 {
+			panic(fmt.Sprintf("sqlite migrations: %s is not step %d", f, len(steps)+1))
+		}
+		up, _ := migrationFiles.ReadFile(f)
+		down, _ := migrationFiles.ReadFile(strings.TrimSuffix(f, ".up.sql") + ".down.sql")
+		steps = append(steps, step{version: v, name: name, up: string(up), down: string(down)})
+	}
+	return steps
+})
+
+// LatestVersion is the schema version this code needs and Migrate brings a
+// database to.
+func LatestVersion() int { return len(loadSteps()) }
+
+// MigrationTable returns the version table's name: the outbox table's name
+// with "_migrations" appended.
+func (s *Storage) MigrationTable() string { return s.table + "_migrations" }
+
+// SkippedTable returns the name of the table that keeps skipped records and
+// their audit record: the outbox table's name with "_skipped" appended.
+func (s *Storage) SkippedTable() string { return s.table + "_skipped" }
+
+func (s *Storage) render(sqlText string) string {
+	return strings.ReplaceAll(sqlText, "{table}", s.table)
+}
+
+// Migrations implements [storage.Migrator]: the steps with their SQL for
+// this storage's table, to export to golang-migrate, goose or Atlas. Every
+// up step is idempotent (IF NOT EXISTS), so a database made by hand from
+// SchemaSQL can still be brought under Migrate.
+func (s *Storage) Migrations() []storage.Migration {
+	steps := loadSteps()
+	out := make([]storage.Migration, len(steps))
+	for i, st := range steps {
+		out[i] = storage.Migration{Version: st.version, Name: st.name, Up: s.render(st.up), Down: s.render(st.down)}
+	}
+	return out
+}
+
+// SchemaSQL returns the statements that create the outbox table, its
+// indexes and the skipped table at the latest version: every up step of
+// [Storage.Migrations] in order, for your migration tool. They are
+// idempotent (IF NOT EXISTS). Migrate does the same and records the version.
+//
+// Timestamps (created_at, due_at, leased_until, delivered_at) are INTEGER
+// Unix nanoseconds from the application clock: comparisons are exact integer
+// comparisons, and SQLite runs in the application's process, so its clock is
+// the host clock anyway. A due_at of 0 means due at once; leased_by and
+// leased_until are NULL when the record is not leased. A dead record's due_at
+// is when it was dead-lettered.
+//
+// The partial indexes serve, in order: claims (pending records by id), the
+// strict-ordering check (pending keyed records by key and the time until
+// which they block their key), Purge (delivered records by delivery time),
+// Redrive by topic (dead records by topic), and with HoldOnDeadLetter the
+// checks for a dead or failed earlier record of a key.
+func (s *Storage) SchemaSQL() string {
+	var b strings.Builder
+	for _, m := range s.Migrations() {
+		b.WriteString(m.Up)
+	}
+	return b.String()
+}
+
+// CreateSchema is Migrate, under the name it had before migrations were
+// versioned.
+func (s *Storage) CreateSchema(ctx context.Context) error { return s.Migrate(ctx) }
+
+// Migrate implements [storage.Migrator]: it applies the steps the database
+// lacks and records each in [Storage.MigrationTable], all in one
+// transaction begun with BEGIN IMMEDIATE, which takes SQLite's write lock
+// before reading the version. Concurrent callers, in this process or
+// others, queue on that lock: the first applies the steps, the others find
+// them applied. The steps only add tables and indexes, so records, their ids
+// and their order are untouched.
+func (s *Storage) Migrate(ctx context.Context) error {
+	err := s.write(ctx, func(ctx context.Context) error {
+		conn, err := s.db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = conn.Close() }()
+		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			return err
+		}
+		done := false
+		defer func() {
+			if !done {
+				_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+			}
+		}()
+		vt := quote(s.MigrationTable())
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at INTEGER NOT NULL
+)`, vt)); err != nil {
+			return err
+		}
+		var current int
+		if err := conn.QueryRowContext(ctx, fmt.Sprintf(`SELECT ifnull(max(version), 0) FROM %s`, vt)).Scan(&current); err != nil {
+			return err
+		}
+		steps := loadSteps()
+		if current > len(steps) {
+			return fmt.Errorf("database schema is at version %d, newer than this code's %d: upgrade txoutbox", current, len(steps))
+		}
+		for _, st := range steps[current:] {
+			if _, err := conn.ExecContext(ctx, s.render(st.up)); err != nil {
+				return fmt.Errorf("step %d (%s): %w", st.version, st.name, err)
+			}
+			if _, err := conn.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (version, name, applied_at) VALUES (?, ?, ?)`, vt),
+				st.version, st.name, nanos(s.now())); err != nil {
+				return err
+			}
+		}
+		if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+			return err
+		}
+		done = true
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("migrate outbox schema %q: %w", s.table, err)
+	}
+	return nil
+}
+
+// MigrationStatus implements [storage.Migrator].
+func (s *Storage) MigrationStatus(ctx context.Context) (storage.MigrationStatus, error) {
+	st := storage.MigrationStatus{Latest: LatestVersion()}
+	exists, err := s.tableExists(ctx, s.MigrationTable())
+	if err != nil || !exists {
+		if err != nil {
+			err = fmt.Errorf("read outbox schema version of %q: %w", s.table, err)
+		}
+		return st, err
+	}
+	rows, err := s.db.QueryContext(ctx, fmt.Sprintf(`SELECT version, name, applied_at FROM %s ORDER BY version`, quote(s.MigrationTable())))
+	if err != nil {
+		return st, fmt.Errorf("read outbox schema version of %q: %w", s.table, err)
+	}
+	defer func() { _ = rows.Close() }()
+	for rows.Next() {
+		var (
+			m  storage.AppliedMigration
+			at int64
+		)
+		if err := rows.Scan(&m.Version, &m.Name, &at); err != nil {
+			return st, fmt.Errorf("read outbox schema version of %q: %w", s.table, err)
+		}
+		m.AppliedAt = fromNanos(at)
+		st.Applied = append(st.Applied, m)
+		st.Current = max(st.Current, m.Version)
+	}
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("read outbox schema version of %q: %w", s.table, err)
+	}
+	return st, nil
+}
+
+func (s *Storage) tableExists(ctx context.Context, name string) (bool, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, name).Scan(&n)
+	return n > 0, err
+}
+
+// schemaObjects reads the tables and indexes named after the outbox table,
+// name -> normalised CREATE statement.
+func schemaObjects(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, table string) (map[string]string, error) {
+	rows, err := q.QueryContext(ctx, `SELECT name, ifnull(sql, '') FROM sqlite_master
+WHERE type IN ('table', 'index') AND (name = ?1 OR tbl_name = ?1 OR name = ?1 || '_skipped') AND name <> ?1 || '_migrations'`, table)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = rows.Close() }()
+	out := make(map[string]string)
+	for rows.Next() {
+		var name, text string
+		if err := rows.Scan(&name, &text); err != nil {
+			return nil, err
+		}
+		out[name] = strings.Join(strings.Fields(text), " ")
+	}
+	return out, rows.Err()
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
