@@ -89,7 +89,7 @@ func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	if c == nil {
 		return usageError{fmt.Sprintf("unknown command %q", strings.Join(args[:min(2, len(args))], " "))}
 	}
-	rest := append(lead, args[len(strings.Fields(c.name)):]...)
+	rest := slices.Concat(lead, args[len(strings.Fields(c.name)):])
 
 	e := &env{out: out, errOut: errOut, red: red}
 	fs := flag.NewFlagSet("txoutbox "+c.name, flag.ContinueOnError)
@@ -354,13 +354,13 @@ func writeMigrationFiles(e *env, migs []storage.Migration, dir, format string) e
 	if format != "golang-migrate" && format != "goose" {
 		return usageError{fmt.Sprintf("--format %q: want golang-migrate or goose", format)}
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil { //nolint:gosec // migration files go into the user's repository, readable like any source file
 		return err
 	}
 	var files []string
 	write := func(name, text string) error {
 		files = append(files, filepath.Join(dir, name))
-		return os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644)
+		return os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644) //nolint:gosec // a source file for the user's repository
 	}
 	for _, m := range migs {
 		base := fmt.Sprintf("%03d_txoutbox_%s", m.Version, m.Name)
