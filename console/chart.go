@@ -11,7 +11,7 @@ import (
 // The chart is an inline SVG drawn on the server: no script draws it and
 // nothing is fetched for it.
 const (
-	chartW = 560
+	chartW = 520
 	chartH = 110
 )
 

@@ -482,7 +482,9 @@ func TestActions(t *testing.T) {
 // statsOnly is a storage that reports Stats and nothing else.
 type statsOnly struct{}
 
-func (statsOnly) Stats(context.Context) (storage.Stats, error) { return storage.Stats{Pending: 42}, nil }
+func (statsOnly) Stats(context.Context) (storage.Stats, error) {
+	return storage.Stats{Pending: 42}, nil
+}
 
 func TestStorageWithoutOperator(t *testing.T) {
 	h := newHandler(t, statsOnly{}, Config{EnableActions: true})

@@ -92,7 +92,9 @@ func startConsole(t *testing.T, dbURL string, args ...string) (base string, stde
 		}
 		return ""
 	}
-	go func() { done <- run(ctx, append([]string{"console", "--listen", "127.0.0.1:0"}, args...), stdout, stderr, getenv) }()
+	go func() {
+		done <- run(ctx, append([]string{"console", "--listen", "127.0.0.1:0"}, args...), stdout, stderr, getenv)
+	}()
 	re := regexp.MustCompile(`serving (http://\S+?)/ `)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
