@@ -202,7 +202,7 @@ func testBrowser(t *testing.T, exe string, s storage.Storage, op storage.Operato
 
 	logger := watermill.NewCaptureLogger()
 	h, err := New(op, Config{Authorize: AllowAll, EnableActions: true, Prefix: "/admin/outbox", Title: "orders-service",
-		SampleInterval: 250 * time.Millisecond, Samples: 48, Actor: func(*http.Request) string { return "e2e" }}, logger)
+		SampleInterval: 250 * time.Millisecond, Samples: 28, Actor: func(*http.Request) string { return "e2e" }}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +277,7 @@ func testBrowser(t *testing.T, exe string, s storage.Storage, op storage.Operato
 	first := eval(`document.querySelector('#live p.muted').textContent`)
 	do("the overview to refresh itself and draw throughput",
 		chromedp.Poll[chromedp.Void](`document.querySelector('#live p.muted').textContent !== `+jsString(first)+
-			` && document.querySelectorAll('#live polyline').length >= 2 && document.querySelector('#live polyline').getAttribute('points').split(' ').length >= 16`,
+			` && document.querySelectorAll('#live polyline').length >= 2 && document.querySelector('#live polyline').getAttribute('points').split(' ').length >= 22`,
 			chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(90*time.Second)))
 	shot("console-overview.png")
 	stopProducer()
