@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -47,59 +48,63 @@ func TestNewValidates(t *testing.T) {
 // TestPages checks the status code, content type and security headers of
 // every page, under a prefix.
 func TestPages(t *testing.T) {
-	s, ids := seed(t,
-		deadRec{topic: "orders", key: "k1", payload: `{"a":1}`, dead: true, err: "boom"},
-		deadRec{topic: "orders", key: "k1", payload: "behind"},
-	)
-	for _, actions := range []bool{false, true} {
-		h := newHandler(t, s, Config{Prefix: "/admin/outbox", EnableActions: actions})
-		for _, tc := range []struct {
-			method, path string
-			status       int
-			ctype        string
-		}{
-			{"GET", "/admin/outbox/", 200, "text/html"},
-			{"GET", "/admin/outbox", 301, ""},
-			{"GET", "/admin/outbox/live", 200, "text/html"},
-			{"GET", "/admin/outbox/held", 200, "text/html"},
-			{"GET", "/admin/outbox/held?limit=1&after=a", 200, "text/html"},
-			{"GET", "/admin/outbox/dead", 200, "text/html"},
-			{"GET", "/admin/outbox/dead?topic=orders&key=k1&error=bo&limit=5&after=0", 200, "text/html"},
-			{"GET", fmt.Sprintf("/admin/outbox/records/%d", ids[0]), 200, "text/html"},
-			{"GET", fmt.Sprintf("/admin/outbox/records/%d", ids[1]), 200, "text/html"},
-			{"GET", fmt.Sprintf("/admin/outbox/records/%d/payload", ids[0]), 200, "application/octet-stream"},
-			{"GET", "/admin/outbox/records/999", 404, "text/html"},
-			{"GET", "/admin/outbox/records/abc", 404, "text/html"},
-			{"GET", "/admin/outbox/records/-1", 404, "text/html"},
-			{"GET", "/admin/outbox/static/console.js", 200, "text/javascript"},
-			{"GET", "/admin/outbox/static/console.css", 200, "text/css"},
-			{"GET", "/admin/outbox/static/missing.js", 404, ""},
-			{"GET", "/admin/outbox/nope", 404, ""},
-			{"GET", "/elsewhere/", 404, ""},
-			{"DELETE", "/admin/outbox/dead", 405, ""},
-			{"POST", "/admin/outbox/dead", 405, ""},
-		} {
-			res, body := get(t, h, tc.method, tc.path)
-			if res.StatusCode != tc.status {
-				t.Errorf("actions=%v %s %s = %d, want %d\n%s", actions, tc.method, tc.path, res.StatusCode, tc.status, body)
-				continue
-			}
-			if tc.ctype != "" && !strings.HasPrefix(res.Header.Get("Content-Type"), tc.ctype) {
-				t.Errorf("%s %s: Content-Type %q, want %s", tc.method, tc.path, res.Header.Get("Content-Type"), tc.ctype)
-			}
-			csp := res.Header.Get("Content-Security-Policy")
-			for _, want := range []string{"default-src 'self'", "script-src 'self'", "frame-ancestors 'none'"} {
-				if !strings.Contains(csp, want) {
-					t.Errorf("%s %s: CSP %q lacks %s", tc.method, tc.path, csp, want)
+	for _, sd := range seeders {
+		t.Run(sd.name, func(t *testing.T) {
+			s, ids := sd.seed(t,
+				deadRec{topic: "orders", key: "k1", payload: `{"a":1}`, dead: true, err: "boom"},
+				deadRec{topic: "orders", key: "k1", payload: "behind"},
+			)
+			for _, actions := range []bool{false, true} {
+				h := newHandler(t, s, Config{Prefix: "/admin/outbox", EnableActions: actions})
+				for _, tc := range []struct {
+					method, path string
+					status       int
+					ctype        string
+				}{
+					{"GET", "/admin/outbox/", 200, "text/html"},
+					{"GET", "/admin/outbox", 301, ""},
+					{"GET", "/admin/outbox/live", 200, "text/html"},
+					{"GET", "/admin/outbox/held", 200, "text/html"},
+					{"GET", "/admin/outbox/held?limit=1&after=a", 200, "text/html"},
+					{"GET", "/admin/outbox/dead", 200, "text/html"},
+					{"GET", "/admin/outbox/dead?topic=orders&key=k1&error=bo&limit=5&after=0", 200, "text/html"},
+					{"GET", fmt.Sprintf("/admin/outbox/records/%d", ids[0]), 200, "text/html"},
+					{"GET", fmt.Sprintf("/admin/outbox/records/%d", ids[1]), 200, "text/html"},
+					{"GET", fmt.Sprintf("/admin/outbox/records/%d/payload", ids[0]), 200, "application/octet-stream"},
+					{"GET", "/admin/outbox/records/999", 404, "text/html"},
+					{"GET", "/admin/outbox/records/abc", 404, "text/html"},
+					{"GET", "/admin/outbox/records/-1", 404, "text/html"},
+					{"GET", "/admin/outbox/static/console.js", 200, "text/javascript"},
+					{"GET", "/admin/outbox/static/console.css", 200, "text/css"},
+					{"GET", "/admin/outbox/static/missing.js", 404, ""},
+					{"GET", "/admin/outbox/nope", 404, ""},
+					{"GET", "/elsewhere/", 404, ""},
+					{"DELETE", "/admin/outbox/dead", 405, ""},
+					{"POST", "/admin/outbox/dead", 405, ""},
+				} {
+					res, body := get(t, h, tc.method, tc.path)
+					if res.StatusCode != tc.status {
+						t.Errorf("actions=%v %s %s = %d, want %d\n%s", actions, tc.method, tc.path, res.StatusCode, tc.status, body)
+						continue
+					}
+					if tc.ctype != "" && !strings.HasPrefix(res.Header.Get("Content-Type"), tc.ctype) {
+						t.Errorf("%s %s: Content-Type %q, want %s", tc.method, tc.path, res.Header.Get("Content-Type"), tc.ctype)
+					}
+					csp := res.Header.Get("Content-Security-Policy")
+					for _, want := range []string{"default-src 'self'", "script-src 'self'", "frame-ancestors 'none'"} {
+						if !strings.Contains(csp, want) {
+							t.Errorf("%s %s: CSP %q lacks %s", tc.method, tc.path, csp, want)
+						}
+					}
+					if res.Header.Get("X-Content-Type-Options") != "nosniff" {
+						t.Errorf("%s %s: no X-Content-Type-Options: nosniff", tc.method, tc.path)
+					}
+					if strings.Contains(body, "<script>") || regexp.MustCompile(`<script[^>]*>[^<]`).MatchString(body) {
+						t.Errorf("%s %s: inline script in the page", tc.method, tc.path)
+					}
 				}
 			}
-			if res.Header.Get("X-Content-Type-Options") != "nosniff" {
-				t.Errorf("%s %s: no X-Content-Type-Options: nosniff", tc.method, tc.path)
-			}
-			if strings.Contains(body, "<script>") || regexp.MustCompile(`<script[^>]*>[^<]`).MatchString(body) {
-				t.Errorf("%s %s: inline script in the page", tc.method, tc.path)
-			}
-		}
+		})
 	}
 }
 
@@ -247,136 +252,148 @@ func TestCSRF(t *testing.T) {
 }
 
 func TestEscaping(t *testing.T) {
-	const x = `<script>alert(1)</script>"'><img src=x onerror=alert(2)>`
-	base, ids := seed(t,
-		deadRec{topic: "topic" + x, key: "key" + x, payload: `{"html":"` + strings.ReplaceAll(x, `"`, `\"`) + `"}`,
-			meta: map[string]string{"meta" + x: "value" + x}, dead: true, err: "error" + x},
-		deadRec{topic: "t", key: "key" + x, payload: "text payload " + x},
-	)
-	h := newHandler(t, base, Config{EnableActions: true})
-	b := newBrowser(t, h)
-	id := fmt.Sprint(ids[0])
-	for _, p := range []string{"/dead", "/held", "/records/" + id, "/records/" + fmt.Sprint(ids[1]),
-		"/redrive?id=" + id, "/redrive?key=" + url.QueryEscape("key"+x), "/skip?id=" + id,
-		"/dead?key=" + url.QueryEscape("key"+x) + "&error=" + url.QueryEscape(x)} {
-		res, body := b.do("GET", p, nil, nil)
-		if res.StatusCode != 200 {
-			t.Fatalf("GET %s = %d\n%s", p, res.StatusCode, body)
-		}
-		for _, raw := range []string{"<script>alert", "<img src=x", `"'><img`} {
-			if strings.Contains(body, raw) {
-				t.Errorf("GET %s: %q appears unescaped", p, raw)
+	for _, sd := range seeders {
+		t.Run(sd.name, func(t *testing.T) {
+			const x = `<script>alert(1)</script>"'><img src=x onerror=alert(2)>`
+			base, ids := sd.seed(t,
+				deadRec{topic: "topic" + x, key: "key" + x, payload: `{"html":"` + strings.ReplaceAll(x, `"`, `\"`) + `"}`,
+					meta: map[string]string{"meta" + x: "value" + x}, dead: true, err: "error" + x},
+				deadRec{topic: "t", key: "key" + x, payload: "text payload " + x},
+			)
+			h := newHandler(t, base, Config{EnableActions: true})
+			b := newBrowser(t, h)
+			id := fmt.Sprint(ids[0])
+			for _, p := range []string{"/dead", "/held", "/records/" + id, "/records/" + fmt.Sprint(ids[1]),
+				"/redrive?id=" + id, "/redrive?key=" + url.QueryEscape("key"+x), "/skip?id=" + id,
+				"/dead?key=" + url.QueryEscape("key"+x) + "&error=" + url.QueryEscape(x)} {
+				res, body := b.do("GET", p, nil, nil)
+				if res.StatusCode != 200 {
+					t.Fatalf("GET %s = %d\n%s", p, res.StatusCode, body)
+				}
+				for _, raw := range []string{"<script>alert", "<img src=x", `"'><img`} {
+					if strings.Contains(body, raw) {
+						t.Errorf("GET %s: %q appears unescaped", p, raw)
+					}
+				}
+				if !strings.Contains(body, "&lt;script&gt;alert(1)&lt;/script&gt;") && !strings.Contains(body, "%3cscript%3e") {
+					t.Errorf("GET %s: the hostile text is not shown escaped", p)
+				}
 			}
-		}
-		if !strings.Contains(body, "&lt;script&gt;alert(1)&lt;/script&gt;") && !strings.Contains(body, "%3cscript%3e") {
-			t.Errorf("GET %s: the hostile text is not shown escaped", p)
-		}
-	}
-	_, body := b.do("GET", "/records/"+id, nil, nil)
-	for _, want := range []string{"topic&lt;script&gt;", "key&lt;script&gt;", "meta&lt;script&gt;", "value&lt;script&gt;", "error&lt;script&gt;",
-		"&#34;html&#34;: &#34;&lt;script&gt;alert(1)" /* JSON indented, escaped */} {
-		if !strings.Contains(body, want) {
-			t.Errorf("record page lacks %s", want)
-		}
+			_, body := b.do("GET", "/records/"+id, nil, nil)
+			for _, want := range []string{"topic&lt;script&gt;", "key&lt;script&gt;", "meta&lt;script&gt;", "value&lt;script&gt;", "error&lt;script&gt;",
+				"&#34;html&#34;: &#34;&lt;script&gt;alert(1)" /* JSON indented, escaped */} {
+				if !strings.Contains(body, want) {
+					t.Errorf("record page lacks %s", want)
+				}
+			}
+		})
 	}
 }
 
 func TestPaging(t *testing.T) {
-	var recs []deadRec
-	for i := range 7 {
-		recs = append(recs, deadRec{topic: "t", key: fmt.Sprintf("k%d", i), payload: "p", dead: true, err: "e"})
-	}
-	base, ids := seed(t, recs...)
-	sp := &spy{Operator: base}
-	h := newHandler(t, sp, Config{PageSize: 3})
-	rowRE := regexp.MustCompile(`href="/records/(\d+)">#`)
-	nextRE := regexp.MustCompile(`id="next-page" href="([^"]+)"`)
-	var seen []string
-	path := "/dead"
-	for pages := 0; path != ""; pages++ {
-		if pages > 3 {
-			t.Fatal("more than 3 pages for 7 records at 3 a page")
-		}
-		res, body := get(t, h, "GET", path)
-		if res.StatusCode != 200 {
-			t.Fatalf("GET %s = %d", path, res.StatusCode)
-		}
-		rows := rowRE.FindAllStringSubmatch(body, -1)
-		if len(rows) > 3 {
-			t.Fatalf("GET %s: %d rows, want at most the page size 3", path, len(rows))
-		}
-		for _, r := range rows {
-			seen = append(seen, r[1])
-		}
-		path = ""
-		if m := nextRE.FindStringSubmatch(body); m != nil {
-			path = strings.ReplaceAll(m[1], "&amp;", "&")
-		}
-	}
-	var want []string
-	for _, id := range ids {
-		want = append(want, fmt.Sprint(id))
-	}
-	if !slices.Equal(seen, want) {
-		t.Fatalf("pages listed %v, want every dead record once in id order %v", seen, want)
-	}
-	// The same for held keys (each of the 7 keys is held by its dead head).
-	res, body := get(t, h, "GET", "/held?limit=2")
-	if res.StatusCode != 200 || strings.Count(body, `href="/records/`) != 2 || !strings.Contains(body, "/held?after=k1&limit=2") {
-		t.Fatalf("GET /held?limit=2: want 2 keys and a next link after k1:\n%s", body)
-	}
-	// A huge limit is bounded.
-	get(t, h, "GET", "/dead?limit=100000000")
-	for _, l := range sp.limits {
-		if l <= 0 || l > MaxPageSize+1 {
-			t.Fatalf("the storage was asked for a page of %d, want 1 to %d", l, MaxPageSize+1)
-		}
+	for _, sd := range seeders {
+		t.Run(sd.name, func(t *testing.T) {
+			var recs []deadRec
+			for i := range 7 {
+				recs = append(recs, deadRec{topic: "t", key: fmt.Sprintf("k%d", i), payload: "p", dead: true, err: "e"})
+			}
+			base, ids := sd.seed(t, recs...)
+			sp := &spy{Operator: base}
+			h := newHandler(t, sp, Config{PageSize: 3})
+			rowRE := regexp.MustCompile(`href="/records/(\d+)">#`)
+			nextRE := regexp.MustCompile(`id="next-page" href="([^"]+)"`)
+			var seen []string
+			path := "/dead"
+			for pages := 0; path != ""; pages++ {
+				if pages > 3 {
+					t.Fatal("more than 3 pages for 7 records at 3 a page")
+				}
+				res, body := get(t, h, "GET", path)
+				if res.StatusCode != 200 {
+					t.Fatalf("GET %s = %d", path, res.StatusCode)
+				}
+				rows := rowRE.FindAllStringSubmatch(body, -1)
+				if len(rows) > 3 {
+					t.Fatalf("GET %s: %d rows, want at most the page size 3", path, len(rows))
+				}
+				for _, r := range rows {
+					seen = append(seen, r[1])
+				}
+				path = ""
+				if m := nextRE.FindStringSubmatch(body); m != nil {
+					path = strings.ReplaceAll(m[1], "&amp;", "&")
+				}
+			}
+			var want []string
+			for _, id := range ids {
+				want = append(want, fmt.Sprint(id))
+			}
+			if !slices.Equal(seen, want) {
+				t.Fatalf("pages listed %v, want every dead record once in id order %v", seen, want)
+			}
+			// The same for held keys (each of the 7 keys is held by its dead head).
+			res, body := get(t, h, "GET", "/held?limit=2")
+			if res.StatusCode != 200 || strings.Count(body, `href="/records/`) != 2 || !strings.Contains(body, "/held?after=k1&limit=2") {
+				t.Fatalf("GET /held?limit=2: want 2 keys and a next link after k1:\n%s", body)
+			}
+			// A huge limit is bounded.
+			get(t, h, "GET", "/dead?limit=100000000")
+			for _, l := range sp.limits {
+				if l <= 0 || l > MaxPageSize+1 {
+					t.Fatalf("the storage was asked for a page of %d, want 1 to %d", l, MaxPageSize+1)
+				}
+			}
+		})
 	}
 }
 
 func TestPayloadViews(t *testing.T) {
-	big := strings.Repeat("x", 1000)
-	base, ids := seed(t,
-		deadRec{topic: "t", payload: `{"b":[1,2],"a":"x"}`, dead: true, err: "e"},
-		deadRec{topic: "t", payload: "\x00\x01\xffbinary", dead: true, err: "e"},
-		deadRec{topic: "t", payload: big + "END", dead: true, err: "e"},
-		deadRec{topic: "t", payload: "plain text", dead: true, err: "e"},
-		deadRec{topic: "t", payload: "", dead: true, err: "e"},
-	)
-	h := newHandler(t, base, Config{PayloadLimit: 100})
-	payloadRE := regexp.MustCompile(`(?s)<pre class="payload payload-(\w+)" id="payload">(.*?)</pre>`)
-	view := func(id int64) (kind, text, body string) {
-		_, body = get(t, h, "GET", fmt.Sprintf("/records/%d", id))
-		if m := payloadRE.FindStringSubmatch(body); m != nil {
-			return m[1], m[2], body
-		}
-		return "", "", body
-	}
-	if kind, text, _ := view(ids[0]); kind != "json" || !strings.Contains(text, "\n  &#34;b&#34;: [\n    1,") {
-		t.Errorf("JSON payload shown as %s:\n%s", kind, text)
-	}
-	if kind, text, _ := view(ids[1]); kind != "hex" || !strings.Contains(text, "00 01 ff 62") {
-		t.Errorf("binary payload shown as %s:\n%s", kind, text)
-	}
-	if kind, text, _ := view(ids[3]); kind != "text" || text != "plain text" {
-		t.Errorf("text payload shown as %s: %q", kind, text)
-	}
-	if _, _, body := view(ids[4]); !strings.Contains(body, "Empty payload") {
-		t.Errorf("empty payload not said so")
-	}
-	kind, text, body := view(ids[2])
-	if kind != "text" || len(text) != 100 || strings.Contains(text, "END") {
-		t.Errorf("1003-byte payload with limit 100 shown as %s, %d bytes", kind, len(text))
-	}
-	link := fmt.Sprintf(`id="download" href="/records/%d/payload"`, ids[2])
-	if !strings.Contains(body, link) || !strings.Contains(body, "The payload is 1003 bytes; the first 100 are shown") {
-		t.Errorf("truncated payload without its notice and download link:\n%s", body)
-	}
-	res, got := get(t, h, "GET", fmt.Sprintf("/records/%d/payload", ids[2]))
-	if res.StatusCode != 200 || got != big+"END" || res.Header.Get("Content-Type") != "application/octet-stream" ||
-		!strings.HasPrefix(res.Header.Get("Content-Disposition"), "attachment;") {
-		t.Fatalf("download = %d %q %q, %d bytes; want the whole payload as an attachment", res.StatusCode,
-			res.Header.Get("Content-Type"), res.Header.Get("Content-Disposition"), len(got))
+	for _, sd := range seeders {
+		t.Run(sd.name, func(t *testing.T) {
+			big := strings.Repeat("x", 1000)
+			base, ids := sd.seed(t,
+				deadRec{topic: "t", payload: `{"b":[1,2],"a":"x"}`, dead: true, err: "e"},
+				deadRec{topic: "t", payload: "\x00\x01\xffbinary", dead: true, err: "e"},
+				deadRec{topic: "t", payload: big + "END", dead: true, err: "e"},
+				deadRec{topic: "t", payload: "plain text", dead: true, err: "e"},
+				deadRec{topic: "t", payload: "", dead: true, err: "e"},
+			)
+			h := newHandler(t, base, Config{PayloadLimit: 100})
+			payloadRE := regexp.MustCompile(`(?s)<pre class="payload payload-(\w+)" id="payload">(.*?)</pre>`)
+			view := func(id int64) (kind, text, body string) {
+				_, body = get(t, h, "GET", fmt.Sprintf("/records/%d", id))
+				if m := payloadRE.FindStringSubmatch(body); m != nil {
+					return m[1], m[2], body
+				}
+				return "", "", body
+			}
+			if kind, text, _ := view(ids[0]); kind != "json" || !strings.Contains(text, "\n  &#34;b&#34;: [\n    1,") {
+				t.Errorf("JSON payload shown as %s:\n%s", kind, text)
+			}
+			if kind, text, _ := view(ids[1]); kind != "hex" || !strings.Contains(text, "00 01 ff 62") {
+				t.Errorf("binary payload shown as %s:\n%s", kind, text)
+			}
+			if kind, text, _ := view(ids[3]); kind != "text" || text != "plain text" {
+				t.Errorf("text payload shown as %s: %q", kind, text)
+			}
+			if _, _, body := view(ids[4]); !strings.Contains(body, "Empty payload") {
+				t.Errorf("empty payload not said so")
+			}
+			kind, text, body := view(ids[2])
+			if kind != "text" || len(text) != 100 || strings.Contains(text, "END") {
+				t.Errorf("1003-byte payload with limit 100 shown as %s, %d bytes", kind, len(text))
+			}
+			link := fmt.Sprintf(`id="download" href="/records/%d/payload"`, ids[2])
+			if !strings.Contains(body, link) || !strings.Contains(body, "The payload is 1003 bytes; the first 100 are shown") {
+				t.Errorf("truncated payload without its notice and download link:\n%s", body)
+			}
+			res, got := get(t, h, "GET", fmt.Sprintf("/records/%d/payload", ids[2]))
+			if res.StatusCode != 200 || got != big+"END" || res.Header.Get("Content-Type") != "application/octet-stream" ||
+				!strings.HasPrefix(res.Header.Get("Content-Disposition"), "attachment;") {
+				t.Fatalf("download = %d %q %q, %d bytes; want the whole payload as an attachment", res.StatusCode,
+					res.Header.Get("Content-Type"), res.Header.Get("Content-Disposition"), len(got))
+			}
+		})
 	}
 }
 
@@ -388,94 +405,98 @@ func TestViewPayloadCutsWholeRunes(t *testing.T) {
 }
 
 func TestActions(t *testing.T) {
-	base, ids := seed(t,
-		deadRec{topic: "orders", key: "a", payload: "a1", dead: true, err: "timeout talking to broker"},
-		deadRec{topic: "orders", key: "a", payload: "a2"},
-		deadRec{topic: "orders", key: "b", payload: "b1", dead: true, err: "schema mismatch"},
-		deadRec{topic: "payments", key: "c", payload: "c1", dead: true, err: "timeout again"},
-		deadRec{topic: "payments", key: "d", payload: "d1", dead: true, err: "bad"},
-		deadRec{topic: "payments", key: "e", payload: "e1", dead: true, err: "bad"},
-	)
-	sp := &spy{Operator: base}
-	logger := watermill.NewCaptureLogger()
-	h, err := New(sp, Config{Authorize: AllowAll, EnableActions: true, Actor: func(r *http.Request) string { return "alice" }}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	b := newBrowser(t, h)
-	ctx := context.Background()
-	status := func(id int64) storage.Status {
-		r, err := base.Record(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Status
-	}
-	token := b.token(fmt.Sprintf("/skip?id=%d", ids[0])) // one token per session, on every form
-	post := func(confirmPath, action string, form url.Values) (*http.Response, string) {
-		if got := b.token(confirmPath); got != token {
-			t.Fatalf("the form of %s has token %q, want the session's %q", confirmPath, got, token)
-		}
-		form.Set("csrf_token", token)
-		return b.do("POST", action, form, nil)
-	}
+	for _, sd := range seeders {
+		t.Run(sd.name, func(t *testing.T) {
+			base, ids := sd.seed(t,
+				deadRec{topic: "orders", key: "a", payload: "a1", dead: true, err: "timeout talking to broker"},
+				deadRec{topic: "orders", key: "a", payload: "a2"},
+				deadRec{topic: "orders", key: "b", payload: "b1", dead: true, err: "schema mismatch"},
+				deadRec{topic: "payments", key: "c", payload: "c1", dead: true, err: "timeout again"},
+				deadRec{topic: "payments", key: "d", payload: "d1", dead: true, err: "bad"},
+				deadRec{topic: "payments", key: "e", payload: "e1", dead: true, err: "bad"},
+			)
+			sp := &spy{Operator: base}
+			logger := watermill.NewCaptureLogger()
+			h, err := New(sp, Config{Authorize: AllowAll, EnableActions: true, Actor: func(r *http.Request) string { return "alice" }}, logger)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.Close()
+			b := newBrowser(t, h)
+			ctx := context.Background()
+			status := func(id int64) storage.Status {
+				r, err := base.Record(ctx, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r.Status
+			}
+			token := b.token(fmt.Sprintf("/skip?id=%d", ids[0])) // one token per session, on every form
+			post := func(confirmPath, action string, form url.Values) (*http.Response, string) {
+				if got := b.token(confirmPath); got != token {
+					t.Fatalf("the form of %s has token %q, want the session's %q", confirmPath, got, token)
+				}
+				form.Set("csrf_token", token)
+				return b.do("POST", action, form, nil)
+			}
 
-	// A key: its confirmation counts, the post re-drives through RedriveParams.Key.
-	_, body := b.do("GET", "/redrive?key=a", nil, nil)
-	if !strings.Contains(body, `<strong id="count">1</strong>`) {
-		t.Fatalf("confirmation of key a does not count 1 record:\n%s", body)
-	}
-	res, _ := post("/redrive?key=a", "/redrive", url.Values{"key": {"a"}})
-	if res.StatusCode != 303 || res.Header.Get("Location") != "/dead?key=a&redriven=1" || status(ids[0]) != storage.StatusPending {
-		t.Fatalf("re-drive key a: %d %q, record %s", res.StatusCode, res.Header.Get("Location"), status(ids[0]))
-	}
-	// A filtered set (error text): listed, then re-driven by ids.
-	res, _ = post("/redrive?error=timeout", "/redrive", url.Values{"error": {"timeout"}})
-	if res.StatusCode != 303 || status(ids[3]) != storage.StatusPending || status(ids[2]) != storage.StatusDead {
-		t.Fatalf("re-drive error~timeout: %d; c %s (want pending), b %s (want dead)", res.StatusCode, status(ids[3]), status(ids[2]))
-	}
-	// A topic.
-	res, _ = post("/redrive?topic=payments", "/redrive", url.Values{"topic": {"payments"}})
-	if res.StatusCode != 303 || status(ids[4]) != storage.StatusPending || status(ids[5]) != storage.StatusPending {
-		t.Fatalf("re-drive topic payments: %d", res.StatusCode)
-	}
-	// Skip: a reason is required; then the dead head is skipped.
-	res, body = post(fmt.Sprintf("/skip?id=%d", ids[2]), "/skip", url.Values{"id": {fmt.Sprint(ids[2])}, "reason": {"  "}})
-	if res.StatusCode != 400 || status(ids[2]) != storage.StatusDead || !strings.Contains(body, "Give a reason") {
-		t.Fatalf("skip without a reason = %d, record %s", res.StatusCode, status(ids[2]))
-	}
-	res, _ = post(fmt.Sprintf("/skip?id=%d", ids[2]), "/skip", url.Values{"id": {fmt.Sprint(ids[2])}, "reason": {"OPS-1"}})
-	if res.StatusCode != 303 || status(ids[2]) != storage.StatusSkipped {
-		t.Fatalf("skip = %d, record %s", res.StatusCode, status(ids[2]))
-	}
-	// Skipping a record that is not dead: the confirmation says so and the post is refused.
-	if _, body = b.do("GET", fmt.Sprintf("/skip?id=%d", ids[1]), nil, nil); strings.Contains(body, `id="confirm"`) {
-		t.Fatalf("skip confirmation of a pending record offers to confirm")
-	}
-	res, _ = b.do("POST", "/skip", url.Values{"id": {fmt.Sprint(ids[1])}, "reason": {"x"}, "csrf_token": {token}}, nil)
-	if res.StatusCode != http.StatusConflict {
-		t.Fatalf("skip of a pending record = %d, want 409", res.StatusCode)
-	}
-	// Nothing selected, or two selections: refused.
-	if res, _ = b.do("POST", "/redrive", url.Values{"csrf_token": {token}}, nil); res.StatusCode != 400 {
-		t.Fatalf("re-drive with nothing selected = %d, want 400", res.StatusCode)
-	}
-	if res, _ = b.do("POST", "/redrive", url.Values{"id": {"1"}, "key": {"a"}, "csrf_token": {token}}, nil); res.StatusCode != 400 {
-		t.Fatalf("re-drive of an id and a key = %d, want 400", res.StatusCode)
-	}
+			// A key: its confirmation counts, the post re-drives through RedriveParams.Key.
+			_, body := b.do("GET", "/redrive?key=a", nil, nil)
+			if !strings.Contains(body, `<strong id="count">1</strong>`) {
+				t.Fatalf("confirmation of key a does not count 1 record:\n%s", body)
+			}
+			res, _ := post("/redrive?key=a", "/redrive", url.Values{"key": {"a"}})
+			if res.StatusCode != 303 || res.Header.Get("Location") != "/dead?key=a&redriven=1" || status(ids[0]) != storage.StatusPending {
+				t.Fatalf("re-drive key a: %d %q, record %s", res.StatusCode, res.Header.Get("Location"), status(ids[0]))
+			}
+			// A filtered set (error text): listed, then re-driven by ids.
+			res, _ = post("/redrive?error=timeout", "/redrive", url.Values{"error": {"timeout"}})
+			if res.StatusCode != 303 || status(ids[3]) != storage.StatusPending || status(ids[2]) != storage.StatusDead {
+				t.Fatalf("re-drive error~timeout: %d; c %s (want pending), b %s (want dead)", res.StatusCode, status(ids[3]), status(ids[2]))
+			}
+			// A topic.
+			res, _ = post("/redrive?topic=payments", "/redrive", url.Values{"topic": {"payments"}})
+			if res.StatusCode != 303 || status(ids[4]) != storage.StatusPending || status(ids[5]) != storage.StatusPending {
+				t.Fatalf("re-drive topic payments: %d", res.StatusCode)
+			}
+			// Skip: a reason is required; then the dead head is skipped.
+			res, body = post(fmt.Sprintf("/skip?id=%d", ids[2]), "/skip", url.Values{"id": {fmt.Sprint(ids[2])}, "reason": {"  "}})
+			if res.StatusCode != 400 || status(ids[2]) != storage.StatusDead || !strings.Contains(body, "Give a reason") {
+				t.Fatalf("skip without a reason = %d, record %s", res.StatusCode, status(ids[2]))
+			}
+			res, _ = post(fmt.Sprintf("/skip?id=%d", ids[2]), "/skip", url.Values{"id": {fmt.Sprint(ids[2])}, "reason": {"OPS-1"}})
+			if res.StatusCode != 303 || status(ids[2]) != storage.StatusSkipped {
+				t.Fatalf("skip = %d, record %s", res.StatusCode, status(ids[2]))
+			}
+			// Skipping a record that is not dead: the confirmation says so and the post is refused.
+			if _, body = b.do("GET", fmt.Sprintf("/skip?id=%d", ids[1]), nil, nil); strings.Contains(body, `id="confirm"`) {
+				t.Fatalf("skip confirmation of a pending record offers to confirm")
+			}
+			res, _ = b.do("POST", "/skip", url.Values{"id": {fmt.Sprint(ids[1])}, "reason": {"x"}, "csrf_token": {token}}, nil)
+			if res.StatusCode != http.StatusConflict {
+				t.Fatalf("skip of a pending record = %d, want 409", res.StatusCode)
+			}
+			// Nothing selected, or two selections: refused.
+			if res, _ = b.do("POST", "/redrive", url.Values{"csrf_token": {token}}, nil); res.StatusCode != 400 {
+				t.Fatalf("re-drive with nothing selected = %d, want 400", res.StatusCode)
+			}
+			if res, _ = b.do("POST", "/redrive", url.Values{"id": {"1"}, "key": {"a"}, "csrf_token": {token}}, nil); res.StatusCode != 400 {
+				t.Fatalf("re-drive of an id and a key = %d, want 400", res.StatusCode)
+			}
 
-	wantRedrives := []storage.RedriveParams{{Key: "a"}, {IDs: []int64{ids[3]}}, {Topic: "payments"}}
-	if fmt.Sprint(sp.redrives) != fmt.Sprint(wantRedrives) {
-		t.Fatalf("Redrive calls %+v, want %+v", sp.redrives, wantRedrives)
-	}
-	audit := captured(logger, watermill.InfoLogLevel, "txoutbox console: re-drive")
-	if len(audit) != 3 || audit[0].Fields["by"] != "key" || audit[0].Fields["key"] != "a" || audit[0].Fields["count"] != int64(1) ||
-		audit[0].Fields["actor"] != "alice" || audit[1].Fields["by"] != "filter" || audit[2].Fields["by"] != "topic" {
-		t.Fatalf("audit lines %+v", audit)
-	}
-	if skips := captured(logger, watermill.InfoLogLevel, "txoutbox console: skip"); len(skips) != 1 || skips[0].Fields["reason"] != "OPS-1" {
-		t.Fatalf("skip audit lines %+v", skips)
+			wantRedrives := []storage.RedriveParams{{Key: "a"}, {IDs: []int64{ids[3]}}, {Topic: "payments"}}
+			if fmt.Sprint(sp.redrives) != fmt.Sprint(wantRedrives) {
+				t.Fatalf("Redrive calls %+v, want %+v", sp.redrives, wantRedrives)
+			}
+			audit := captured(logger, watermill.InfoLogLevel, "txoutbox console: re-drive")
+			if len(audit) != 3 || audit[0].Fields["by"] != "key" || audit[0].Fields["key"] != "a" || audit[0].Fields["count"] != int64(1) ||
+				audit[0].Fields["actor"] != "alice" || audit[1].Fields["by"] != "filter" || audit[2].Fields["by"] != "topic" {
+				t.Fatalf("audit lines %+v", audit)
+			}
+			if skips := captured(logger, watermill.InfoLogLevel, "txoutbox console: skip"); len(skips) != 1 || skips[0].Fields["reason"] != "OPS-1" {
+				t.Fatalf("skip audit lines %+v", skips)
+			}
+		})
 	}
 }
 
@@ -558,5 +579,29 @@ func TestCharts(t *testing.T) {
 	}
 	if empty, _ := charts(nil, time.Minute, time.Second, now); !empty.Empty {
 		t.Fatal("chart of no samples is not empty")
+	}
+}
+
+// failingStats is a storage whose Stats fails.
+type failingStats struct{}
+
+func (failingStats) Stats(context.Context) (storage.Stats, error) {
+	return storage.Stats{}, errors.New("connection refused <b>db</b>")
+}
+
+func TestStatsFailure(t *testing.T) {
+	logger := watermill.NewCaptureLogger()
+	h, err := New(failingStats{}, Config{Authorize: AllowAll, SampleInterval: 100 * time.Millisecond}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	res, body := get(t, h, "GET", "/")
+	if res.StatusCode != 200 || !strings.Contains(body, "Reading the stats failed: connection refused &lt;b&gt;db&lt;/b&gt;") {
+		t.Fatalf("overview over failing stats = %d:\n%s", res.StatusCode, body)
+	}
+	waitFor(t, 10*time.Second, "5 failed samples", func() bool { return len(h.sampler.samples()) >= 5 })
+	if n := len(captured(logger, watermill.ErrorLogLevel, "txoutbox console: sample stats")); n != 1 {
+		t.Fatalf("%d error lines for a run of failed samples, want 1", n)
 	}
 }

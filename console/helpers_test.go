@@ -8,6 +8,7 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -19,13 +20,11 @@ import (
 
 	"github.com/txoutbox/txoutbox/storage"
 	"github.com/txoutbox/txoutbox/storage/memory"
+	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// chromedp's allocator leaves a short-lived reaper behind the browser process.
-		goleak.IgnoreTopFunction("os/exec.(*Cmd).Wait.func2"),
-	)
+	goleak.VerifyTestMain(m)
 }
 
 // spy wraps an Operator and counts its calls, to prove which requests reach
@@ -102,19 +101,71 @@ type deadRec struct {
 	err                 string
 }
 
-// seed adds the records to a memory storage holding keys on dead-letter,
-// dead-letters the dead ones and leaves the rest pending, and returns
-// their ids.
-func seed(t *testing.T, recs ...deadRec) (*memory.Storage, []int64) {
-	t.Helper()
-	s := memory.New(memory.Config{HoldOnDeadLetter: true})
+// testStore is a built-in storage as the tests use it.
+type testStore interface {
+	storage.Storage
+	storage.Operator
+}
+
+// seeders are the built-in storages the handler tests run on.
+var seeders = []struct {
+	name string
+	seed func(t *testing.T, recs ...deadRec) (testStore, []int64)
+}{{"memory", seed}, {"sqlite", seedSQLite}}
+
+func records(recs []deadRec) []storage.Record {
 	var in []storage.Record
 	for i, r := range recs {
 		in = append(in, storage.Record{UUID: fmt.Sprintf("uuid-%d-%d", i, time.Now().UnixNano()),
 			Topic: r.topic, Key: r.key, Payload: []byte(r.payload), Metadata: r.meta})
 	}
-	ids := s.Add(in...)
+	return in
+}
+
+// seed adds the records to a memory storage holding keys on dead-letter,
+// dead-letters the dead ones and leaves the rest pending, and returns
+// their ids.
+func seed(t *testing.T, recs ...deadRec) (testStore, []int64) {
+	t.Helper()
+	s := memory.New(memory.Config{HoldOnDeadLetter: true})
+	ids := s.Add(records(recs)...)
 	deadLetter(t, s, ids, recs)
+	return s, ids
+}
+
+// seedSQLite does what seed does on a fresh SQLite database.
+func seedSQLite(t *testing.T, recs ...deadRec) (testStore, []int64) {
+	t.Helper()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "outbox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	s, err := sqlite.New(db, sqlite.Config{HoldOnDeadLetter: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	if len(recs) > 0 {
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Insert(ctx, tx, records(recs)); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range recs { // a fresh table numbers its records from 1
+			ids = append(ids, int64(i+1))
+		}
+		deadLetter(t, s, ids, recs)
+	}
 	return s, ids
 }
 

@@ -29,6 +29,7 @@ type sampler struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
+	failing  bool // the last sample failed; only the loop goroutine uses it
 
 	mu       sync.Mutex
 	ring     []sample // ring[next] is the oldest once full
@@ -94,9 +95,10 @@ func (s *sampler) take() {
 	if err != nil && s.ctx.Err() != nil {
 		return // closing
 	}
-	if err != nil {
+	if err != nil && !s.failing { // once per run of failures, not every interval
 		s.logger.Error("txoutbox console: sample stats", err, nil)
 	}
+	s.failing = err != nil
 	s.add(sample{at: time.Now(), stats: st, ok: err == nil})
 }
 
