@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -92,7 +93,13 @@ func runConsole(ctx context.Context, e *env) error {
 	if actions {
 		mode = "actions on"
 	}
-	fmt.Fprintf(e.out, "txoutbox console: serving http://%s%s/ (%s); interrupt to stop\n", ln.Addr(), prefix, mode)
+	serving := fmt.Sprintf("http://%s%s/", ln.Addr(), prefix)
+	if err := e.emit(map[string]any{"url": serving, "actions": actions}, func(w io.Writer) {
+		fmt.Fprintf(w, "txoutbox console: serving %s (%s); interrupt to stop\n", serving, mode)
+	}); err != nil {
+		_ = ln.Close()
+		return err
+	}
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -255,5 +257,22 @@ func TestConsoleLoopbackOnly(t *testing.T) {
 		if got := loopbackClient(&http.Request{RemoteAddr: remote}); got != want {
 			t.Errorf("loopbackClient(%q) = %v, want %v", remote, got, want)
 		}
+	}
+}
+
+// secretOperator fails Record with an error that carries the password, as a driver's
+// connection error might.
+type secretOperator struct{ storage.Operator }
+
+func (secretOperator) Record(context.Context, int64) (storage.RecordInfo, error) {
+	return storage.RecordInfo{}, fmt.Errorf("dial postgres://app:hunter2-pw@db:5432/app: %w", storage.ErrRecordNotFound)
+}
+
+func TestConsoleRedactsStorageErrors(t *testing.T) {
+	red := newRedactor("postgres://app:hunter2-pw@db:5432/app")
+	op := redactingOperator{secretOperator{}, red}
+	_, err := op.Record(context.Background(), 1)
+	if strings.Contains(err.Error(), "hunter2-pw") || !errors.Is(err, storage.ErrRecordNotFound) {
+		t.Fatalf("error %q: want the password redacted and ErrRecordNotFound kept", err)
 	}
 }
