@@ -40,7 +40,7 @@ var browserBackends = []struct {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { db.Close() })
+		t.Cleanup(func() { _ = db.Close() })
 		s, err := sqlite.New(db, sqlite.Config{HoldOnDeadLetter: true})
 		if err != nil {
 			t.Fatal(err)
@@ -206,7 +206,7 @@ func testBrowser(t *testing.T, exe string, s storage.Storage, op storage.Operato
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
+	defer func() { _ = h.Close() }()
 	mux := http.NewServeMux()
 	mux.Handle("/admin/outbox/", h)
 	srv := httptest.NewServer(mux)

@@ -421,7 +421,7 @@ func TestActions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer h.Close()
+			defer func() { _ = h.Close() }()
 			b := newBrowser(t, h)
 			ctx := context.Background()
 			status := func(id int64) storage.Status {
@@ -595,7 +595,7 @@ func TestStatsFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
+	defer func() { _ = h.Close() }()
 	res, body := get(t, h, "GET", "/")
 	if res.StatusCode != 200 || !strings.Contains(body, "Reading the stats failed: connection refused &lt;b&gt;db&lt;/b&gt;") {
 		t.Fatalf("overview over failing stats = %d:\n%s", res.StatusCode, body)

@@ -34,7 +34,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	defer h.Close() // stops the stats sampler
+	defer func() { _ = h.Close() }() // stops the stats sampler
 
 	admin := http.NewServeMux()
 	admin.Handle("/admin/outbox/", h)
@@ -49,7 +49,7 @@ func Example() {
 		if err != nil {
 			panic(err)
 		}
-		res.Body.Close()
+		_ = res.Body.Close()
 		fmt.Println(session, res.StatusCode)
 	}
 	// Output:

@@ -140,7 +140,7 @@ func seedSQLite(t *testing.T, recs ...deadRec) (testStore, []int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { db.Close() })
+	t.Cleanup(func() { _ = db.Close() })
 	s, err := sqlite.New(db, sqlite.Config{HoldOnDeadLetter: true})
 	if err != nil {
 		t.Fatal(err)
@@ -258,7 +258,7 @@ func (b *browser) do(method, path string, form url.Values, header map[string]str
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	out, _ := io.ReadAll(res.Body)
 	return res, string(out)
 }

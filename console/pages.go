@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -353,7 +354,7 @@ func (h *Handler) redrive(w http.ResponseWriter, r *http.Request) {
 	default: // a filter the storage cannot apply itself: list the ids, bounded
 		var ids []int64
 		if ids, _, err = h.deadIDs(ctx, q, h.config.FilteredRedriveLimit); err == nil {
-			for chunk := range slicesChunk(ids, 1000) {
+			for chunk := range slices.Chunk(ids, 1000) {
 				var m int64
 				if m, err = h.op.Redrive(ctx, storage.RedriveParams{IDs: chunk}); err != nil {
 					break
@@ -400,18 +401,6 @@ func (h *Handler) deadIDs(ctx context.Context, q redriveReq, limit int) (ids []i
 		}
 		if len(page) < want {
 			return ids, false, nil
-		}
-	}
-}
-
-func slicesChunk(ids []int64, n int) func(func([]int64) bool) {
-	return func(yield func([]int64) bool) {
-		for len(ids) > 0 {
-			k := min(n, len(ids))
-			if !yield(ids[:k]) {
-				return
-			}
-			ids = ids[k:]
 		}
 	}
 }

@@ -46,7 +46,7 @@ func consoleDB(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	defer func() { _ = db.Close() }()
 	s, err := sqlite.New(db, sqlite.Config{HoldOnDeadLetter: true})
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +139,7 @@ func consoleGet(t *testing.T, c *http.Client, u string) (int, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	b, _ := io.ReadAll(res.Body)
 	return res.StatusCode, string(b)
 }
@@ -166,7 +166,7 @@ func TestConsoleCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res.Body.Close()
+	_ = res.Body.Close()
 	if res.StatusCode != http.StatusForbidden {
 		t.Fatalf("POST /redrive without a token = %d, want 403", res.StatusCode)
 	}
@@ -175,7 +175,7 @@ func TestConsoleCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	page, _ := io.ReadAll(confirm.Body)
-	confirm.Body.Close()
+	_ = confirm.Body.Close()
 	m := regexp.MustCompile(`name="csrf_token" value="([^"]+)"`).FindSubmatch(page)
 	if m == nil || len(confirm.Cookies()) == 0 {
 		t.Fatalf("confirmation page without a token or cookie:\n%s", page)
@@ -187,7 +187,7 @@ func TestConsoleCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res.Body.Close()
+	_ = res.Body.Close()
 	if res.StatusCode != http.StatusSeeOther {
 		t.Fatalf("POST /redrive with its token = %d, want 303", res.StatusCode)
 	}
@@ -229,7 +229,7 @@ func TestConsoleCommandBasicAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res.Body.Close()
+	_ = res.Body.Close()
 	if res.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(res.Header.Get("WWW-Authenticate"), "Basic ") {
 		t.Fatalf("GET / without the password = %d %q, want 401 with a Basic challenge", res.StatusCode, res.Header.Get("WWW-Authenticate"))
 	}
@@ -240,7 +240,7 @@ func TestConsoleCommandBasicAuth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res.Body.Close()
+		_ = res.Body.Close()
 		if res.StatusCode != want {
 			t.Errorf("GET /dead with password %q = %d, want %d", pass, res.StatusCode, want)
 		}
