@@ -104,11 +104,17 @@ func draw(title string, runs [][]point, window time.Duration, now time.Time, str
 			continue
 		}
 		var b strings.Builder
+		lastX := math.Inf(-1)
 		for i, p := range run {
-			if i > 0 {
+			px := x(p.at)
+			if px-lastX < 1 && i != len(run)-1 { // at most a point a pixel: the SVG stays small with many samples
+				continue
+			}
+			lastX = px
+			if b.Len() > 0 {
 				b.WriteByte(' ')
 			}
-			b.WriteString(fmtF(x(p.at)) + "," + fmtF(y(p.v)))
+			b.WriteString(fmtF(px) + "," + fmtF(y(p.v)))
 		}
 		c.Lines = append(c.Lines, b.String())
 	}

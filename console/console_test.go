@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,9 +112,9 @@ func TestPages(t *testing.T) {
 func TestAuthorizeRefusesBeforeAnyStorageCall(t *testing.T) {
 	base, ids := seed(t, deadRec{topic: "t", key: "k", payload: "p", dead: true, err: "e"})
 	sp := &spy{Operator: base}
-	var asked int
+	var asked atomic.Int32
 	h := newHandler(t, sp, Config{EnableActions: true, Authorize: func(r *http.Request) bool {
-		asked++
+		asked.Add(1)
 		return r.Header.Get("X-Admin") == "yes"
 	}})
 	b := newBrowser(t, h)
@@ -132,7 +133,7 @@ func TestAuthorizeRefusesBeforeAnyStorageCall(t *testing.T) {
 	if calls := sp.Calls(); len(calls) != 0 {
 		t.Fatalf("refused requests reached the storage: %v", calls)
 	}
-	if asked == 0 {
+	if asked.Load() == 0 {
 		t.Fatal("Authorize was never asked")
 	}
 	time.Sleep(50 * time.Millisecond) // a sampler (wrongly) started would call Stats by now
@@ -576,6 +577,15 @@ func TestCharts(t *testing.T) {
 	}
 	if len(lag.Lines) != 2 || lag.Now != "9s" || lag.Max != "10s" {
 		t.Fatalf("lag chart %+v", lag)
+	}
+	// Many samples: at most about a point a pixel.
+	ss = ss[:0]
+	for i := range MaxSamples {
+		ss = append(ss, sample{at: now.Add(time.Duration(i-MaxSamples) * 100 * time.Millisecond), ok: true,
+			stats: storage.Stats{Delivered: int64(i * (i % 7)), OldestPendingAge: time.Duration(i%13) * time.Second}})
+	}
+	if _, lag := charts(ss, MaxSamples*100*time.Millisecond, 100*time.Millisecond, now); len(lag.Lines) != 1 || strings.Count(lag.Lines[0], " ")+1 > chartW {
+		t.Fatalf("a chart of %d samples has %d lines, the first of %d points; want one of at most %d", MaxSamples, len(lag.Lines), strings.Count(lag.Lines[0], " ")+1, chartW)
 	}
 	if empty, _ := charts(nil, time.Minute, time.Second, now); !empty.Empty {
 		t.Fatal("chart of no samples is not empty")
