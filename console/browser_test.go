@@ -237,7 +237,7 @@ func testBrowser(t *testing.T, exe string, s storage.Storage, op storage.Operato
 			t.Logf("close the browser: %v", err)
 		}
 	}()
-	tctx, cancel := context.WithTimeout(bctx, 3*time.Minute)
+	tctx, cancel := context.WithTimeout(bctx, 5*time.Minute)
 	defer cancel()
 	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
@@ -277,7 +277,8 @@ func testBrowser(t *testing.T, exe string, s storage.Storage, op storage.Operato
 	first := eval(`document.querySelector('#live p.muted').textContent`)
 	do("the overview to refresh itself and draw throughput",
 		chromedp.Poll[chromedp.Void](`document.querySelector('#live p.muted').textContent !== `+jsString(first)+
-			` && document.querySelectorAll('#live polyline').length >= 2 && document.querySelector('#live polyline').getAttribute('points').split(' ').length >= 22`,
+			` && document.querySelectorAll('#live .chart:last-child polyline').length >= 1`+ // lag
+			` && Array.from(document.querySelectorAll('#live .chart:first-child polyline')).reduce((n, p) => n + p.getAttribute('points').split(' ').length, 0) >= 22`,
 			chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(90*time.Second)))
 	shot("console-overview.png")
 	stopProducer()
