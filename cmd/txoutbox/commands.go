@@ -52,7 +52,7 @@ var commands []*command
 func init() {
 	commands = []*command{
 		cmdMigrateUp, cmdMigrateStatus, cmdMigrateSQL,
-		cmdStatus, cmdDeadList, cmdDeadShow, cmdRedrive, cmdSkip, cmdPurge, cmdDoctor,
+		cmdStatus, cmdDeadList, cmdDeadShow, cmdRedrive, cmdSkip, cmdPurge, cmdDoctor, cmdConsole,
 	}
 }
 

@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/txoutbox/txoutbox/console"
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// envConsolePassword turns on HTTP basic auth for `txoutbox console`.
+const envConsolePassword = "TXOUTBOX_CONSOLE_PASSWORD"
+
+var cmdConsole = &command{
+	name:    "console",
+	summary: "serve the web console: overview, held keys, dead letters; re-drive and skip with --actions",
+	details: "Serves the same pages a service gets by mounting console.New (see docs/console.md) until\n" +
+		"interrupted. Read-only unless --actions is given; every action asks for a confirmation\n" +
+		"and writes an audit line to stderr.\n\n" +
+		"Without $" + envConsolePassword + " only clients on the loopback interface are served\n" +
+		"(reach it through an SSH tunnel), and --listen must be a loopback address. With it set,\n" +
+		"every request needs HTTP basic auth with that password (any user name, which the audit\n" +
+		"lines record); put TLS in front when it leaves the host.",
+	example:  "txoutbox console --listen 127.0.0.1:8080 --actions --hold-on-dead-letter",
+	withHold: true,
+	flags: func(fs *flag.FlagSet) {
+		fs.String("listen", "127.0.0.1:8080", "address to serve on (host:port)")
+		fs.Bool("actions", false, "turn on re-drive and skip (default: read-only)")
+		fs.String("prefix", "", "serve under this path, e.g. /outbox (default: the root)")
+		fs.Duration("sample-interval", console.SampleIntervalDefault, "how often the overview samples the stats for its chart")
+	},
+	run: runConsole,
+}
+
+func runConsole(ctx context.Context, e *env) error {
+	fs := e.flagSet()
+	addr, prefix, actions := fs.string("listen"), fs.string("prefix"), fs.bool("actions")
+	password := os.Getenv(envConsolePassword)
+	if password == "" && !loopbackAddr(addr) {
+		return usageError{fmt.Sprintf("console: --listen %s serves other hosts: set %s to require a password, or listen on 127.0.0.1 and use an SSH tunnel", addr, envConsolePassword)}
+	}
+	b, err := e.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = b.close() }()
+
+	logger := watermill.NewStdLoggerWithOut(e.errOut, false, false) // stderr, through the redactor
+	cfg := console.Config{
+		Authorize:      loopbackClient,
+		EnableActions:  actions,
+		Prefix:         prefix,
+		SampleInterval: fs.duration("sample-interval"),
+		Title:          "txoutbox: " + e.opts.table,
+		Actor: func(r *http.Request) string {
+			if user, _, ok := r.BasicAuth(); ok {
+				return user + "@" + r.RemoteAddr
+			}
+			return r.RemoteAddr
+		},
+	}
+	if password != "" {
+		cfg.Authorize = console.AllowAll // behind basicAuth below
+	}
+	h, err := console.New(redactingOperator{b.op, e.red}, cfg, logger)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	defer func() { _ = h.Close() }()
+	var handler http.Handler = h
+	if password != "" {
+		handler = basicAuth(password, h)
+	}
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("console: %w", err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
+		WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute}
+	mode := "read-only"
+	if actions {
+		mode = "actions on"
+	}
+	serving := fmt.Sprintf("http://%s%s/", ln.Addr(), prefix)
+	if err := e.emit(map[string]any{"url": serving, "actions": actions}, func(w io.Writer) {
+		fmt.Fprintf(w, "txoutbox console: serving %s (%s); interrupt to stop\n", serving, mode)
+	}); err != nil {
+		_ = ln.Close()
+		return err
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err = <-served:
+		return fmt.Errorf("console: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("console: %w", err)
+	}
+	return nil
+}
+
+// loopbackAddr reports whether a listen address serves this host only.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// loopbackClient is the console's Authorize without a password: clients on
+// this host only (an SSH tunnel arrives from the loopback interface).
+func loopbackClient(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// basicAuth asks for the password with HTTP basic auth, compared in
+// constant time.
+func basicAuth(password string, next http.Handler) http.Handler {
+	want := sha256.Sum256([]byte(password))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, got, ok := r.BasicAuth()
+		sum := sha256.Sum256([]byte(got))
+		if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Basic realm="txoutbox console", charset="UTF-8"`)
+			http.Error(w, "401 unauthorised", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// redactingOperator hides the database password in the errors the console
+// shows and logs; errors.Is still sees the storage's sentinels.
+type redactingOperator struct {
+	storage.Operator
+	red *redactor
+}
+
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e redactedError) Error() string { return e.msg }
+func (e redactedError) Unwrap() error { return e.err }
+
+func (o redactingOperator) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	return redactedError{o.red.redact(err.Error()), err}
+}
+
+func (o redactingOperator) Stats(ctx context.Context) (storage.Stats, error) {
+	s, err := o.Operator.Stats(ctx)
+	return s, o.wrap(err)
+}
+
+func (o redactingOperator) HeldKeys(ctx context.Context, p storage.HeldKeysParams) ([]storage.HeldKey, error) {
+	h, err := o.Operator.HeldKeys(ctx, p)
+	return h, o.wrap(err)
+}
+
+func (o redactingOperator) ListDead(ctx context.Context, p storage.ListDeadParams) ([]storage.RecordInfo, error) {
+	r, err := o.Operator.ListDead(ctx, p)
+	return r, o.wrap(err)
+}
+
+func (o redactingOperator) Record(ctx context.Context, id int64) (storage.RecordInfo, error) {
+	r, err := o.Operator.Record(ctx, id)
+	return r, o.wrap(err)
+}
+
+func (o redactingOperator) Redrive(ctx context.Context, p storage.RedriveParams) (int64, error) {
+	n, err := o.Operator.Redrive(ctx, p)
+	return n, o.wrap(err)
+}
+
+func (o redactingOperator) Skip(ctx context.Context, p storage.SkipParams) error {
+	return o.wrap(o.Operator.Skip(ctx, p))
+}
+
+func (o redactingOperator) Purge(ctx context.Context, d time.Duration) (int64, error) {
+	n, err := o.Operator.Purge(ctx, d)
+	return n, o.wrap(err)
+}
