@@ -28,7 +28,7 @@ type overviewData struct {
 }
 
 func (h *Handler) overviewData(ctx context.Context) overviewData {
-	h.sampler.viewed()
+	h.sampler.viewed() //nolint:contextcheck // the sampler lives as long as the handler, not the request
 	d := overviewData{IntervalMS: h.config.SampleInterval.Milliseconds(), Interval: h.config.SampleInterval, OpWhy: h.opWhy}
 	if s, ok := h.sampler.latest(h.config.SampleInterval); ok {
 		d.Stats, d.At = s.stats, s.at
@@ -378,6 +378,7 @@ func (h *Handler) redrive(w http.ResponseWriter, r *http.Request) {
 	if strings.Contains(q.back(h.config.Prefix), "?") {
 		sep = "&"
 	}
+	//nolint:gosec // the target is the configured prefix plus a path and encoded query of our own: never another origin
 	http.Redirect(w, r, q.back(h.config.Prefix)+sep+"redriven="+strconv.FormatInt(n, 10), http.StatusSeeOther)
 }
 

@@ -20,7 +20,7 @@ import (
 )
 
 // envConsolePassword turns on HTTP basic auth for `txoutbox console`.
-const envConsolePassword = "TXOUTBOX_CONSOLE_PASSWORD"
+const envConsolePassword = "TXOUTBOX_CONSOLE_PASSWORD" //nolint:gosec // the name of an environment variable, not a credential
 
 var cmdConsole = &command{
 	name:    "console",
@@ -83,7 +83,7 @@ func runConsole(ctx context.Context, e *env) error {
 		handler = basicAuth(password, h)
 	}
 
-	ln, err := net.Listen("tcp", addr)
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("console: %w", err)
 	}
@@ -108,7 +108,8 @@ func runConsole(ctx context.Context, e *env) error {
 		return fmt.Errorf("console: %w", err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// ctx is done: the shutdown gets a few seconds of its own.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
