@@ -1,0 +1,221 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// shareLock returns the shared-lock clause of the server: MariaDB knows only
+// LOCK IN SHARE MODE (with SKIP LOCKED since 10.6), MySQL 8 takes SKIP LOCKED
+// only after FOR SHARE. Asked once per Storage.
+func (s *Storage) shareLock(ctx context.Context) (string, error) {
+	s.dialectMu.Lock()
+	defer s.dialectMu.Unlock()
+	if s.share != "" {
+		return s.share, nil
+	}
+	var version string
+	if err := s.db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		return "", fmt.Errorf("server version: %w", err)
+	}
+	s.share = "FOR SHARE"
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		s.share = "LOCK IN SHARE MODE"
+	}
+	return s.share, nil
+}
+
+// lockOwned locks the rows of ids, in id order, and returns those that are
+// pending and leased by worker, with their keys. Write-backs lock in id
+// order and claims never wait, so write-backs do not deadlock each other.
+func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker, extra string) ([]int64, []string, error) {
+	var b strings.Builder
+	b.WriteString("SELECT id, `key` FROM " + s.table + " WHERE id IN (")
+	idList(&b, ids)
+	b.WriteString(") AND status = 'pending' AND leased_by = ")
+	strLit(&b, worker)
+	b.WriteString(extra)
+	b.WriteString(" ORDER BY id FOR UPDATE")
+	rows, err := tx.QueryContext(ctx, b.String())
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	var owned []int64
+	var keys []string
+	for rows.Next() {
+		var id int64
+		var k string
+		if err := rows.Scan(&id, &k); err != nil {
+			return nil, nil, err
+		}
+		owned = append(owned, id)
+		if k != "" {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return owned, slices.Compact(keys), rows.Err()
+}
+
+// promote unparks the lowest pending row of each key, after the rows ahead
+// of it left (acked or dead-lettered) in this transaction: a fresh read of
+// the latest committed rows, so it sees every parking committed before the
+// rows it changed were locked.
+func (s *Storage) promote(ctx context.Context, tx *sql.Tx, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("SELECT o.id FROM " + s.table + " o JOIN (SELECT MIN(id) AS id FROM " + s.table + " WHERE `key` IN (")
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		strLit(&b, k)
+	}
+	b.WriteString(") AND status = 'pending' GROUP BY `key`) l ON o.id = l.id WHERE o.parked = 1")
+	ids, err := queryIDs(ctx, tx, b.String())
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	slices.Sort(ids)
+	_, err = tx.ExecContext(ctx, "UPDATE "+s.table+" SET parked = 0 WHERE id IN ("+idsText(ids)+") AND status = 'pending'")
+	return err
+}
+
+// Ack implements [storage.Storage]: the rows leased by the worker are marked
+// delivered (deleted with [Config.DeleteOnAck]) and the next row of each of
+// their keys is unparked, in one transaction.
+func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
+	if len(p.IDs) == 0 {
+		return nil
+	}
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		owned, keys, err := s.lockOwned(ctx, tx, p.IDs, p.WorkerID, "")
+		if err != nil || len(owned) == 0 {
+			return err
+		}
+		q := "UPDATE " + s.table + " SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6), leased_by = NULL, leased_until = NULL, parked = 0 WHERE id IN (" + idsText(owned) + ")"
+		if s.config.DeleteOnAck {
+			q = "DELETE FROM " + s.table + " WHERE id IN (" + idsText(owned) + ")"
+		}
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return err
+		}
+		return s.promote(ctx, tx, keys)
+	})
+	if err != nil {
+		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+	}
+	return nil
+}
+
+// Nack implements [storage.Storage]. One fenced statement; parking is not
+// changed (the row stays the lowest pending row of its key).
+func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
+	var b strings.Builder
+	b.WriteString("UPDATE " + s.table + " SET leased_by = NULL, leased_until = NULL, due_at = " + timeLit(p.RetryAt) + ", last_error = ")
+	strLit(&b, validText(p.Error))
+	fmt.Fprintf(&b, " WHERE id = %d AND status = 'pending' AND leased_by = ", p.ID)
+	strLit(&b, p.WorkerID)
+	if _, err := s.exec(ctx, b.String()); err != nil {
+		return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
+	}
+	return nil
+}
+
+// Release implements [storage.Storage]. One fenced statement; parking is not
+// changed.
+func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
+	if len(p.IDs) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("UPDATE " + s.table + " SET leased_by = NULL, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), due_at = " + timeLit(p.RetryAt) + " WHERE id IN (")
+	idList(&b, slices.Sorted(slices.Values(p.IDs)))
+	b.WriteString(") AND status = 'pending' AND leased_by = ")
+	strLit(&b, p.WorkerID)
+	if _, err := s.exec(ctx, b.String()); err != nil {
+		return fmt.Errorf("release %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+	}
+	return nil
+}
+
+// DeadLetter implements [storage.Storage]: the row becomes dead and the next
+// row of its key is unparked, in one transaction.
+func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		owned, keys, err := s.lockOwned(ctx, tx, []int64{p.ID}, p.WorkerID, "")
+		if err != nil || len(owned) == 0 {
+			return err
+		}
+		var b strings.Builder
+		b.WriteString("UPDATE " + s.table + " SET status = 'dead', leased_by = NULL, leased_until = NULL, parked = 0, last_error = ")
+		strLit(&b, validText(p.Error))
+		fmt.Fprintf(&b, " WHERE id = %d", p.ID)
+		if _, err := tx.ExecContext(ctx, b.String()); err != nil {
+			return err
+		}
+		return s.promote(ctx, tx, keys)
+	})
+	if err != nil {
+		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
+	}
+	return nil
+}
+
+// Extend implements [storage.Storage]: live leases of the worker are pushed
+// to now+params.Lease.
+func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, error) {
+	if len(p.IDs) == 0 {
+		return nil, nil
+	}
+	if p.Lease <= 0 {
+		return nil, fmt.Errorf("extend outbox leases: lease %s must be > 0", p.Lease)
+	}
+	var owned []int64
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		owned, _, err = s.lockOwned(ctx, tx, p.IDs, p.WorkerID, " AND leased_until > UTC_TIMESTAMP(6)")
+		if err != nil || len(owned) == 0 {
+			return err
+		}
+		until := plusMicros("UTC_TIMESTAMP(6)", p.Lease)
+		_, err = tx.ExecContext(ctx, "UPDATE "+s.table+" SET leased_until = "+until+", due_at = "+until+" WHERE id IN ("+idsText(owned)+")")
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("extend %d outbox leases in %s: %w", len(p.IDs), s.table, err)
+	}
+	return owned, nil
+}
+
+// exec runs one statement on its own (autocommit). Its rows are found by
+// primary key, so it takes record locks only; a deadlock is retried once.
+func (s *Storage) exec(ctx context.Context, q string) (sql.Result, error) {
+	r, err := s.db.ExecContext(ctx, q)
+	if retryable(err) {
+		r, err = s.db.ExecContext(ctx, q)
+	}
+	return r, err
+}
+
+// maxErrorBytes keeps an error text within its TEXT column (65535 bytes).
+const maxErrorBytes = 60000
+
+// validText makes an error text storable: invalid UTF-8 is replaced and a
+// text too long for the column is cut at a character boundary.
+func validText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) > maxErrorBytes {
+		s = strings.ToValidUTF8(s[:maxErrorBytes], "")
+	}
+	return s
+}
+
