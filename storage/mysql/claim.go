@@ -113,7 +113,10 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 	var b strings.Builder
 	b.WriteString("UPDATE " + s.table + " SET attempts = attempts + 1, leased_by = ")
 	strLit(&b, p.WorkerID)
-	b.WriteString(", leased_until = " + until + ", due_at = " + until + " WHERE id IN (")
+	// Leased rows are unparked: a follower may have been parked, and a
+	// leased row must not stay parked once the rows ahead of it are gone
+	// (see promote).
+	b.WriteString(", leased_until = " + until + ", due_at = " + until + ", parked = 0 WHERE id IN (")
 	idList(&b, chosen)
 	b.WriteByte(')')
 	if _, err := tx.ExecContext(ctx, b.String()); err != nil {
@@ -136,17 +139,18 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 		}
 	}
 	if len(keys) > 0 {
+		// One probe per key (see promote for why not MIN with GROUP BY).
 		var b strings.Builder
-		b.WriteString("SELECT `key`, MIN(id) FROM " + s.table + " WHERE `key` IN (")
 		i := 0
 		for k := range keys {
 			if i > 0 {
-				b.WriteByte(',')
+				b.WriteString(" UNION ALL ")
 			}
+			b.WriteString("(SELECT `key`, id FROM " + s.table + " WHERE `key` = ")
 			strLit(&b, k)
+			b.WriteString(" AND status = 'pending' ORDER BY id LIMIT 1)")
 			i++
 		}
-		b.WriteString(") AND status = 'pending' GROUP BY `key`")
 		rows, err := tx.QueryContext(ctx, b.String())
 		if err != nil {
 			return nil, nil, fmt.Errorf("lowest rows of keys: %w", err)

@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -63,26 +64,51 @@ func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker
 	return owned, slices.Compact(keys), rows.Err()
 }
 
-// promote unparks the lowest pending row of each key, after the rows ahead
-// of it left (acked or dead-lettered) in this transaction: a fresh read of
-// the latest committed rows, so it sees every parking committed before the
-// rows it changed were locked.
+// promote unparks the lowest pending row of each key after the rows ahead
+// of it left (acked or dead-lettered) in this transaction. Its read locks
+// and waits: a row another transaction holds may be leaving pending too
+// (two holders of one key's rows acking at once, after a lease ran out), and
+// only once that transaction has committed is the lowest pending row known.
+// Two such acks can wait for each other; InnoDB then rolls one back and
+// inTx runs it again. Claims never wait, so a promote waits for a claim
+// only as long as the claim runs.
 func (s *Storage) promote(ctx context.Context, tx *sql.Tx, keys []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	// One ORDER BY id LIMIT 1 probe per key, not MIN(id) with GROUP BY: the
+	// locking clause needs a plain range read, and the loose index scan of
+	// GROUP BY was seen (MariaDB 10.11) to miss rows changed concurrently.
 	var b strings.Builder
-	b.WriteString("SELECT o.id FROM " + s.table + " o JOIN (SELECT MIN(id) AS id FROM " + s.table + " WHERE `key` IN (")
 	for i, k := range keys {
 		if i > 0 {
-			b.WriteByte(',')
+			b.WriteString(" UNION ALL ")
 		}
+		b.WriteString("(SELECT id, parked FROM " + s.table + " WHERE `key` = ")
 		strLit(&b, k)
+		b.WriteString(" AND status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE)")
 	}
-	b.WriteString(") AND status = 'pending' GROUP BY `key`) l ON o.id = l.id WHERE o.parked = 1")
-	ids, err := queryIDs(ctx, tx, b.String())
-	if err != nil || len(ids) == 0 {
+	rows, err := tx.QueryContext(ctx, b.String())
+	if err != nil {
 		return err
+	}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		var parked bool
+		if err := rows.Scan(&id, &parked); err != nil {
+			rows.Close()
+			return err
+		}
+		if parked {
+			ids = append(ids, id)
+		}
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return err
+	}
+	if len(ids) == 0 {
+		return nil
 	}
 	slices.Sort(ids)
 	_, err = tx.ExecContext(ctx, "UPDATE "+s.table+" SET parked = 0 WHERE id IN ("+idsText(ids)+") AND status = 'pending'")
