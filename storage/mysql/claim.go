@@ -172,7 +172,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 		id  int64
 		key string
 	}
-	var base []head           // claimable on their own: keyless rows and keys' heads
+	var base []head             // claimable on their own: keyless rows and keys' heads
 	behind := map[int64]int64{} // candidate -> the earlier pending row of its key
 	for _, c := range cands {
 		switch low := keys[c.key]; {

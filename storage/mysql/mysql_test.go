@@ -376,8 +376,8 @@ func TestConcurrentClaimersAndWriters(t *testing.T) {
 	startDeadlocks := deadlocks.Load()
 
 	var mu sync.Mutex
-	first := map[int64]int{}       // id -> sequence number of its first publish
-	keyOf := map[int64]string{}    // id -> key
+	first := map[int64]int{}    // id -> sequence number of its first publish
+	keyOf := map[int64]string{} // id -> key
 	var seq int
 	var done atomic.Int64
 	var wg sync.WaitGroup

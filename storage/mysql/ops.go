@@ -244,4 +244,3 @@ func validText(s string) string {
 	}
 	return s
 }
-
