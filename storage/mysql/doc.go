@@ -106,8 +106,10 @@
 // corner: after a lease ran out, two workers can hold rows of the same keys
 // and ack at once, and their promotions can wait for each other. InnoDB
 // then rolls one back (error 1213) and the storage runs that transaction
-// once more. The package's concurrency test, eight workers with 30 ms leases
-// expiring all the time, sees a few such retries per run and no failure.
+// again after a short random pause (up to five attempts in all). The
+// package's concurrency test, eight workers with 30 ms leases expiring all
+// the time, sees a few to a dozen such retries per run and no failure;
+// without strict ordering there is no promotion and no such wait.
 //
 // # Wake-ups
 //

@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 	"sync"
@@ -20,7 +21,15 @@ import (
 // publishes follow id order.
 func TestKilledConnectionLosesNothing(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, Config{})
+	// A pool of its own: a connection picked for killing may meanwhile
+	// have gone back to its pool and to another test.
+	openDB(t)
+	db, err := sql.Open("mysql", testDSN())
+	must(t, err)
+	t.Cleanup(func() { db.Close() })
+	s, err := New(db, Config{Table: newTable(t, db)})
+	must(t, err)
+	must(t, s.CreateSchema(t.Context()))
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	const records = 2000

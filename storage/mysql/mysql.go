@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -190,15 +191,27 @@ func retryable(err error) bool {
 // tests that prove there are none.
 var deadlocks atomic.Int64
 
+// deadlockAttempts is how many times a transaction InnoDB rolled back as a
+// deadlock victim is run in all.
+const deadlockAttempts = 5
+
 // inTx runs fn in a READ COMMITTED transaction (no gap locks on the range
-// scans) and commits it. A transaction InnoDB chose as a deadlock victim is
-// run once more.
+// scans) and commits it. A transaction InnoDB chose as a deadlock victim
+// (whole transaction rolled back) is run again after a short random pause,
+// up to deadlockAttempts times in all.
 func (s *Storage) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	err := s.tryTx(ctx, fn)
-	if retryable(err) {
+	var err error
+	for attempt := 1; ; attempt++ {
 		err = s.tryTx(ctx, fn)
+		if attempt == deadlockAttempts || !retryable(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(rand.IntN(2000*attempt)) * time.Microsecond):
+		}
 	}
-	return err
 }
 
 func (s *Storage) tryTx(ctx context.Context, fn func(tx *sql.Tx) error) error {

@@ -352,7 +352,7 @@ func TestPurgeInBatches(t *testing.T) {
 // releases, extends or just lets the lease run out, at random. Every record
 // must end delivered or dead (no row stuck parked), the first publishes of
 // each key must follow id order, and no operation may fail (a deadlock is
-// retried once inside the storage).
+// retried inside the storage).
 func TestConcurrentClaimersAndWriters(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, Config{})
@@ -474,7 +474,7 @@ func TestConcurrentClaimersAndWriters(t *testing.T) {
 	// one key's rows at once (after a lease ran out, with these 30 ms leases
 	// often) can wait for each other in promote. InnoDB then rolls one back
 	// and it runs again: no operation above returned an error.
-	t.Logf("InnoDB deadlocks, each retried once: %d", deadlocks.Load()-startDeadlocks)
+	t.Logf("InnoDB deadlocks, each retried: %d", deadlocks.Load()-startDeadlocks)
 	t.Logf("%d rounds, stats %+v", done.Load(), st)
 }
 

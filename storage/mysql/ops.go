@@ -73,7 +73,7 @@ func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker
 // inTx runs it again. Claims never wait, so a promote waits for a claim
 // only as long as the claim runs.
 func (s *Storage) promote(ctx context.Context, tx *sql.Tx, keys []string) error {
-	if len(keys) == 0 {
+	if len(keys) == 0 || s.config.DisableStrictOrdering {
 		return nil
 	}
 	// One ORDER BY id LIMIT 1 probe per key, not MIN(id) with GROUP BY: the
