@@ -15,6 +15,10 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
+// followerProbes is the most heads whose followers are read with one
+// subquery each; past it, one range read covers them all.
+const followerProbes = 32
+
 // candidate is a row the claim's walk locked.
 type candidate struct {
 	id   int64
@@ -139,30 +143,29 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 		}
 	}
 	if len(keys) > 0 {
-		// One probe per key (see promote for why not MIN with GROUP BY).
-		var b strings.Builder
-		i := 0
-		for k := range keys {
-			if i > 0 {
-				b.WriteString(" UNION ALL ")
+		// One statement: for one walked row of each key, a correlated
+		// MIN over key_idx.
+		reps := make([]int64, 0, len(keys))
+		seen := make(map[string]bool, len(keys))
+		for _, c := range cands {
+			if _, ok := keys[c.key]; ok && !seen[c.key] {
+				seen[c.key] = true
+				reps = append(reps, c.id)
 			}
-			b.WriteString("(SELECT `key`, id FROM " + s.table + " WHERE `key` = ")
-			strLit(&b, k)
-			b.WriteString(" AND status = 'pending' ORDER BY id LIMIT 1)")
-			i++
 		}
-		rows, err := tx.QueryContext(ctx, b.String())
+		rows, err := tx.QueryContext(ctx, "SELECT c.`key`, (SELECT MIN(e.id) FROM "+s.table+" e WHERE e.`key` = c.`key` AND e.status = 'pending') FROM "+
+			s.table+" c WHERE c.id IN ("+idsText(reps)+")")
 		if err != nil {
 			return nil, nil, fmt.Errorf("lowest rows of keys: %w", err)
 		}
 		for rows.Next() {
 			var k string
-			var id int64
+			var id sql.NullInt64
 			if err := rows.Scan(&k, &id); err != nil {
 				rows.Close()
 				return nil, nil, fmt.Errorf("lowest rows of keys: %w", err)
 			}
-			keys[k] = id
+			keys[k] = id.Int64
 		}
 		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
 			return nil, nil, fmt.Errorf("lowest rows of keys: %w", err)
@@ -226,21 +229,45 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 	for _, h := range base {
 		items = append(items, h.id)
 	}
+	headOf := make(map[string]int64, len(keyed))
+	for _, h := range keyed {
+		headOf[h.key] = h.id
+	}
 	if len(keyed) > 0 {
-		per := max(16, 2*batch/len(keyed))
+		okExpr := fmt.Sprintf("due_at <= %[1]s AND COALESCE(leased_until <= %[1]s, 1)%[2]s", now, strings.ReplaceAll(visible, "UTC_TIMESTAMP(6)", now))
 		var b strings.Builder
-		for i, h := range keyed {
-			if i > 0 {
-				b.WriteString(" UNION ALL ")
+		if len(keyed) <= followerProbes {
+			// Few heads (hot keys): each head's next rows, LIMIT per head.
+			per := max(16, 2*batch/len(keyed))
+			for i, h := range keyed {
+				if i > 0 {
+					b.WriteString(" UNION ALL ")
+				}
+				b.WriteString("(SELECT id, `key`, " + okExpr + " FROM " + s.table + " WHERE `key` = ")
+				strLit(&b, h.key)
+				fmt.Fprintf(&b, " AND status = 'pending' AND id > %d", h.id)
+				if cutoff != 0 {
+					fmt.Fprintf(&b, " AND id < %d", cutoff)
+				}
+				fmt.Fprintf(&b, " ORDER BY id LIMIT %d)", min(per, batch-1-i))
 			}
-			fmt.Fprintf(&b, "(SELECT id, `key`, due_at <= %[1]s AND COALESCE(leased_until <= %[1]s, 1)%[2]s FROM %[3]s WHERE `key` = ",
-				now, strings.ReplaceAll(visible, "UTC_TIMESTAMP(6)", now), s.table)
-			strLit(&b, h.key)
-			fmt.Fprintf(&b, " AND status = 'pending' AND id > %d", h.id)
-			if cutoff != 0 {
-				fmt.Fprintf(&b, " AND id < %d", cutoff)
+		} else {
+			// Many heads (keys spread out): one range read per key over
+			// the ids the walk covered, in one statement.
+			upper := cutoff
+			if upper == 0 {
+				for _, c := range cands {
+					upper = max(upper, c.id+1)
+				}
 			}
-			fmt.Fprintf(&b, " ORDER BY id LIMIT %d)", min(per, batch-1-i))
+			b.WriteString("SELECT id, `key`, " + okExpr + " FROM " + s.table + " WHERE `key` IN (")
+			for i, h := range keyed {
+				if i > 0 {
+					b.WriteByte(',')
+				}
+				strLit(&b, h.key)
+			}
+			fmt.Fprintf(&b, ") AND status = 'pending' AND id > %d AND id < %d ORDER BY id", keyed[0].id, upper)
 		}
 		rows, err := tx.QueryContext(ctx, b.String())
 		if err != nil {
@@ -257,7 +284,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 				rows.Close()
 				return nil, nil, fmt.Errorf("followers: %w", err)
 			}
-			if stopped[k] {
+			if stopped[k] || id <= headOf[k] {
 				continue
 			}
 			if !ok {

@@ -85,7 +85,7 @@
 //     or that it cannot lock (FOR UPDATE SKIP LOCKED): a key's followers are
 //     a prefix of its pending rows;
 //   - fills the batch in id order, leases the rows in one UPDATE (attempts
-//     + 1, leased_by, leased_until, due_at, parked = 0), reads them back and
+//   - 1, leased_by, leased_until, due_at, parked = 0), reads them back and
 //     commits.
 //
 // Invariant: the lowest pending row of a key is never parked. Ack and

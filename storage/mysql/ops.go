@@ -34,7 +34,7 @@ func (s *Storage) shareLock(ctx context.Context) (string, error) {
 // lockOwned locks the rows of ids, in id order, and returns those that are
 // pending and leased by worker, with their keys. Write-backs lock in id
 // order and claims never wait, so write-backs do not deadlock each other.
-func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker, extra string) ([]int64, []string, error) {
+func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker, extra string) (owned []int64, keys []string, reps []int64, err error) {
 	var b strings.Builder
 	b.WriteString("SELECT id, `key` FROM " + s.table + " WHERE id IN (")
 	idList(&b, ids)
@@ -44,75 +44,129 @@ func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker
 	b.WriteString(" ORDER BY id FOR UPDATE")
 	rows, err := tx.QueryContext(ctx, b.String())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer rows.Close()
-	var owned []int64
-	var keys []string
+	seen := map[string]bool{}
 	for rows.Next() {
 		var id int64
 		var k string
 		if err := rows.Scan(&id, &k); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		owned = append(owned, id)
-		if k != "" {
+		if k != "" && !seen[k] {
+			seen[k] = true
 			keys = append(keys, k)
+			reps = append(reps, id)
 		}
 	}
-	slices.Sort(keys)
-	return owned, slices.Compact(keys), rows.Err()
+	return owned, keys, reps, rows.Err()
 }
 
 // promote unparks the lowest pending row of each key after the rows ahead
-// of it left (acked or dead-lettered) in this transaction. Its read locks
-// and waits: a row another transaction holds may be leaving pending too
-// (two holders of one key's rows acking at once, after a lease ran out), and
-// only once that transaction has committed is the lowest pending row known.
+// of it left (acked or dead-lettered) in this transaction. It finds that
+// row with a plain read, then locks it (FOR UPDATE, in id order): another
+// ack of the same key may hold the row it found and be about to move it out
+// of pending (two holders of one key's rows ack at once after a lease ran
+// out), so a row that is no longer pending once locked is looked for again.
 // Two such acks can wait for each other; InnoDB then rolls one back and
-// inTx runs it again. Claims never wait, so a promote waits for a claim
-// only as long as the claim runs.
-func (s *Storage) promote(ctx context.Context, tx *sql.Tx, keys []string) error {
+// inTx runs it again. Claims never wait, so a promote waits for a claim only
+// as long as the claim runs. acked holds one row of each key this
+// transaction changed.
+func (s *Storage) promote(ctx context.Context, tx *sql.Tx, acked []int64, keys []string) error {
 	if len(keys) == 0 || s.config.DisableStrictOrdering {
 		return nil
 	}
-	// One ORDER BY id LIMIT 1 probe per key, not MIN(id) with GROUP BY: the
-	// locking clause needs a plain range read, and the loose index scan of
-	// GROUP BY was seen (MariaDB 10.11) to miss rows changed concurrently.
-	var b strings.Builder
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteString(" UNION ALL ")
+	for round := 0; len(keys) > 0; round++ {
+		if round == 10 {
+			return fmt.Errorf("promote: the lowest rows of %d keys kept changing", len(keys))
 		}
-		b.WriteString("(SELECT id, parked FROM " + s.table + " WHERE `key` = ")
-		strLit(&b, k)
-		b.WriteString(" AND status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE)")
-	}
-	rows, err := tx.QueryContext(ctx, b.String())
-	if err != nil {
-		return err
-	}
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		var parked bool
-		if err := rows.Scan(&id, &parked); err != nil {
-			rows.Close()
+		lowest, err := s.lowestPending(ctx, tx, acked, keys)
+		if err != nil {
 			return err
 		}
-		if parked {
+		if len(lowest) == 0 {
+			return nil
+		}
+		ids := make([]int64, 0, len(lowest))
+		for _, id := range lowest {
 			ids = append(ids, id)
 		}
+		slices.Sort(ids)
+		rows, err := tx.QueryContext(ctx, "SELECT id, `key`, parked FROM "+s.table+" WHERE id IN ("+idsText(ids)+") AND status = 'pending' ORDER BY id FOR UPDATE")
+		if err != nil {
+			return err
+		}
+		var unpark []int64
+		for rows.Next() {
+			var id int64
+			var k string
+			var parked bool
+			if err := rows.Scan(&id, &k, &parked); err != nil {
+				rows.Close()
+				return err
+			}
+			delete(lowest, k)
+			if parked {
+				unpark = append(unpark, id)
+			}
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return err
+		}
+		if len(unpark) > 0 {
+			if _, err := tx.ExecContext(ctx, "UPDATE "+s.table+" SET parked = 0 WHERE id IN ("+idsText(unpark)+")"); err != nil {
+				return err
+			}
+		}
+		// Keys whose row left pending meanwhile: look again.
+		keys = keys[:0]
+		for k := range lowest {
+			keys = append(keys, k)
+		}
+		acked = nil
 	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return err
+	return nil
+}
+
+// lowestPending returns the lowest pending id of each key (a plain read).
+// With acked (rows of the keys still in the table) it is one statement of
+// correlated MINs; otherwise one ORDER BY id LIMIT 1 subquery per key.
+func (s *Storage) lowestPending(ctx context.Context, tx *sql.Tx, acked []int64, keys []string) (map[string]int64, error) {
+	var q string
+	if len(acked) > 0 && !s.config.DeleteOnAck {
+		q = "SELECT o.`key`, (SELECT MIN(e.id) FROM " + s.table + " e WHERE e.`key` = o.`key` AND e.status = 'pending') FROM " +
+			s.table + " o WHERE o.id IN (" + idsText(acked) + ")"
+	} else {
+		var b strings.Builder
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteString(" UNION ALL ")
+			}
+			b.WriteString("(SELECT `key`, id FROM " + s.table + " WHERE `key` = ")
+			strLit(&b, k)
+			b.WriteString(" AND status = 'pending' ORDER BY id LIMIT 1)")
+		}
+		q = b.String()
 	}
-	if len(ids) == 0 {
-		return nil
+	rows, err := tx.QueryContext(ctx, q)
+	if err != nil {
+		return nil, err
 	}
-	slices.Sort(ids)
-	_, err = tx.ExecContext(ctx, "UPDATE "+s.table+" SET parked = 0 WHERE id IN ("+idsText(ids)+") AND status = 'pending'")
-	return err
+	defer rows.Close()
+	out := make(map[string]int64, len(keys))
+	for rows.Next() {
+		var k string
+		var id sql.NullInt64
+		if err := rows.Scan(&k, &id); err != nil {
+			return nil, err
+		}
+		if id.Valid {
+			out[k] = id.Int64
+		}
+	}
+	return out, rows.Err()
 }
 
 // Ack implements [storage.Storage]: the rows leased by the worker are marked
@@ -123,7 +177,7 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 		return nil
 	}
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		owned, keys, err := s.lockOwned(ctx, tx, p.IDs, p.WorkerID, "")
+		owned, keys, reps, err := s.lockOwned(ctx, tx, p.IDs, p.WorkerID, "")
 		if err != nil || len(owned) == 0 {
 			return err
 		}
@@ -134,7 +188,7 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 		if _, err := tx.ExecContext(ctx, q); err != nil {
 			return err
 		}
-		return s.promote(ctx, tx, keys)
+		return s.promote(ctx, tx, reps, keys)
 	})
 	if err != nil {
 		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
@@ -177,7 +231,7 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 // row of its key is unparked, in one transaction.
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		owned, keys, err := s.lockOwned(ctx, tx, []int64{p.ID}, p.WorkerID, "")
+		owned, keys, reps, err := s.lockOwned(ctx, tx, []int64{p.ID}, p.WorkerID, "")
 		if err != nil || len(owned) == 0 {
 			return err
 		}
@@ -188,7 +242,7 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 		if _, err := tx.ExecContext(ctx, b.String()); err != nil {
 			return err
 		}
-		return s.promote(ctx, tx, keys)
+		return s.promote(ctx, tx, reps, keys)
 	})
 	if err != nil {
 		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
@@ -208,7 +262,7 @@ func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, 
 	var owned []int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		owned, _, err = s.lockOwned(ctx, tx, p.IDs, p.WorkerID, " AND leased_until > UTC_TIMESTAMP(6)")
+		owned, _, _, err = s.lockOwned(ctx, tx, p.IDs, p.WorkerID, " AND leased_until > UTC_TIMESTAMP(6)")
 		if err != nil || len(owned) == 0 {
 			return err
 		}
