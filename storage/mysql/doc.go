@@ -73,8 +73,8 @@
 //     lease's end), rows waiting for a retry and parked rows are outside the
 //     range: a claim's cost depends on the batch, not on how much is held
 //     back;
-//   - finds the lowest pending row of each walked key (one ORDER BY id
-//     LIMIT 1 probe per key on key_idx, in one statement). A walked row that
+//   - finds the lowest pending row of each walked key (a correlated MIN on
+//     key_idx per key, all in one statement). A walked row that
 //     is its key's lowest, and every keyless row, is claimable. A walked row
 //     behind an earlier pending row of its key is parked, but only while the
 //     claim holds a shared lock (SKIP LOCKED) on that earlier row, so it
@@ -83,16 +83,19 @@
 //   - takes each claimable head's next pending rows of its key (parked or
 //     not) as followers, stopping at the first under a live lease, not due,
 //     or that it cannot lock (FOR UPDATE SKIP LOCKED): a key's followers are
-//     a prefix of its pending rows;
+//     a prefix of its pending rows. Up to 32 heads, each head's rows are read
+//     with a LIMIT of their own; past that (keys spread out), one range read
+//     per key over the ids the walk covered, in one statement;
 //   - fills the batch in id order, leases the rows in one UPDATE (attempts
 //   - 1, leased_by, leased_until, due_at, parked = 0), reads them back and
 //     commits.
 //
 // Invariant: the lowest pending row of a key is never parked. Ack and
 // dead-letter keep it: in the same transaction as their fenced write-back
-// they lock the new lowest pending row of each key they touched and unpark
-// it (a locking read, so that two acks of one key at once see each other's
-// commit). Nack and release do not change parking. [Storage.Redrive]
+// they find the new lowest pending row of each key they touched (a plain
+// read), lock it (FOR UPDATE, in id order) and unpark it; a row that another
+// ack moved out of pending meanwhile (two holders of one key's rows acking at
+// once, after a lease ran out) is looked for again once that ack committed. Nack and release do not change parking. [Storage.Redrive]
 // un-parks the rows it re-drives.
 //
 // With [Config.DisableStrictOrdering] the claim is the walk alone: no
@@ -110,6 +113,21 @@
 // package's concurrency test, eight workers with 30 ms leases expiring all
 // the time, sees a few to a dozen such retries per run and no failure;
 // without strict ordering there is no promotion and no such wait.
+//
+// # Cost
+//
+// BenchmarkClaimAck (one worker, 1000 keys, MariaDB 10.11 with its default
+// durability on a 2-core machine shared with other work, load average
+// about 16; 2026-12-04): batch 100, strict: claim 18.6 ms, ack 12.5 ms;
+// not strict: 17.0 ms and 12.6 ms. Batch 1000, strict: 178 ms and 149 ms;
+// not strict: 119 ms and 88 ms. Most of it is the commit's log flush and
+// the machine's load; measure on yours with
+//
+//	go test -run XXX -bench ClaimAck ./storage/mysql
+//
+// TestHeldBackRowsNotWalked checks that rows held back behind a key's head
+// cost nothing once parked: with 5000 rows of one key behind a head waiting
+// for its retry, a claim of 100 other keys' records took 35 ms.
 //
 // # Wake-ups
 //
