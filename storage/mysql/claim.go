@@ -132,7 +132,7 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 // strictPick decides, among the walked candidates, which rows to lease (the
 // heads of their keys, with their keys' next rows as followers, and keyless
 // rows) and which to park (rows behind an earlier pending row of their key,
-// which this transaction holds a shared lock on).
+// which this transaction holds a lock on).
 func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate, batch int, now, visible string) (chosen, park []int64, err error) {
 	// 2. The lowest pending id of every walked key (a consistent read: the
 	// latest committed state).
@@ -188,8 +188,8 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 	}
 	slices.SortFunc(base, func(a, b head) int { return cmp.Compare(a.id, b.id) })
 
-	// 3. Park only while holding a shared lock on the earlier row, so that it
-	// cannot be acked or dead-lettered (and its key promoted) before this
+	// 3. Park only while holding a lock on the earlier row, so that it cannot
+	// be acked or dead-lettered (and its key promoted) before this
 	// transaction commits the parking.
 	lockedEarlier := map[int64]bool{}
 	if len(behind) > 0 {
@@ -199,11 +199,12 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 		}
 		slices.Sort(earlier)
 		earlier = slices.Compact(earlier)
-		share, err := s.shareLock(ctx)
-		if err != nil {
-			return nil, nil, err
-		}
-		ids, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+" WHERE id IN ("+idsText(earlier)+") AND status = 'pending' "+share+" SKIP LOCKED")
+		// An exclusive lock, skipping locked rows: MariaDB 10.11's
+		// LOCK IN SHARE MODE SKIP LOCKED was seen waiting for a row another
+		// claim had locked, and two claims then deadlocked. The cost: two
+		// claims parking behind one row at once, the second leaves its rows
+		// for later.
+		ids, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+" WHERE id IN ("+idsText(earlier)+") AND status = 'pending' FOR UPDATE SKIP LOCKED")
 		if err != nil {
 			return nil, nil, fmt.Errorf("lock earlier rows: %w", err)
 		}

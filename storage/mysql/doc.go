@@ -2,10 +2,10 @@
 // with github.com/go-sql-driver/mysql.
 //
 // It needs MySQL 8.0 or later, or MariaDB 10.6 or later: both have
-// FOR UPDATE SKIP LOCKED. Tested on MariaDB 10.11; the SQL keeps to what both
-// accept, and the one difference (a shared lock is LOCK IN SHARE MODE on
-// MariaDB, FOR SHARE on MySQL, where SKIP LOCKED needs it) is chosen from
-// the server's version. Records live in one InnoDB table of your database
+// FOR UPDATE SKIP LOCKED. Tested on MariaDB 10.11 only; the SQL keeps to what
+// both accept (no shared locks: MariaDB spells them LOCK IN SHARE MODE, MySQL
+// takes SKIP LOCKED only after FOR SHARE, and MariaDB 10.11's
+// LOCK IN SHARE MODE SKIP LOCKED was seen waiting). Records live in one InnoDB table of your database
 // ([Storage.SchemaSQL]); producers insert into it inside their own
 // transaction with [Storage.Insert] (a *sql.Tx, one multi-row INSERT per
 // call); forwarders claim leased batches from it.
@@ -77,9 +77,11 @@
 //     key_idx per key, all in one statement). A walked row that
 //     is its key's lowest, and every keyless row, is claimable. A walked row
 //     behind an earlier pending row of its key is parked, but only while the
-//     claim holds a shared lock (SKIP LOCKED) on that earlier row, so it
+//     claim holds a lock on that earlier row (FOR UPDATE SKIP LOCKED), so it
 //     cannot be acked or dead-lettered before the parking commits; if it is
-//     locked, the row is left alone this time;
+//     locked, the row is left alone this time. The lock is exclusive, not
+//     shared: with MariaDB's LOCK IN SHARE MODE SKIP LOCKED two claims were
+//     seen waiting for each other;
 //   - takes each claimable head's next pending rows of its key (parked or
 //     not) as followers, stopping at the first under a live lease, not due,
 //     or that it cannot lock (FOR UPDATE SKIP LOCKED): a key's followers are
@@ -111,8 +113,10 @@
 // then rolls one back (error 1213) and the storage runs that transaction
 // again after a short random pause (up to five attempts in all). The
 // package's concurrency test, eight workers with 30 ms leases expiring all
-// the time, sees a few to a dozen such retries per run and no failure;
-// without strict ordering there is no promotion and no such wait.
+// the time, sees a few such retries per run and no failure;
+// TestNoDeadlockWithLiveLeases, the same workload with leases that do not
+// run out, sees none. Without strict ordering there is no promotion and no
+// such wait.
 //
 // # Cost
 //

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -135,9 +134,6 @@ type Storage struct {
 	config Config
 	table  string // quoted for SQL
 	name   string // as configured, for GET_LOCK
-
-	dialectMu sync.Mutex
-	share     string // shared-lock clause, see shareLock
 }
 
 var (

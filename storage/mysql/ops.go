@@ -11,26 +11,6 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
-// shareLock returns the shared-lock clause of the server: MariaDB knows only
-// LOCK IN SHARE MODE (with SKIP LOCKED since 10.6), MySQL 8 takes SKIP LOCKED
-// only after FOR SHARE. Asked once per Storage.
-func (s *Storage) shareLock(ctx context.Context) (string, error) {
-	s.dialectMu.Lock()
-	defer s.dialectMu.Unlock()
-	if s.share != "" {
-		return s.share, nil
-	}
-	var version string
-	if err := s.db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
-		return "", fmt.Errorf("server version: %w", err)
-	}
-	s.share = "FOR SHARE"
-	if strings.Contains(strings.ToLower(version), "mariadb") {
-		s.share = "LOCK IN SHARE MODE"
-	}
-	return s.share, nil
-}
-
 // lockOwned locks the rows of ids, in id order, and returns those that are
 // pending and leased by worker, with their keys. Write-backs lock in id
 // order and claims never wait, so write-backs do not deadlock each other.
