@@ -44,6 +44,9 @@ func backends(t *testing.T) []backend {
 	if pool := testPool(t); pool != nil {
 		bs = append(bs, postgresBackend(pool))
 	}
+	if dsn := testMySQLDSN(t); dsn != "" {
+		bs = append(bs, mysqlBackend(dsn))
+	}
 	return bs
 }
 

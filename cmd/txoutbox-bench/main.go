@@ -42,7 +42,8 @@ import (
 )
 
 type options struct {
-	url         string
+	db          string // postgres or mysql
+	url         string // PostgreSQL URL, or the MySQL DSN with -db mysql
 	messages    int
 	keys        int
 	payload     int
@@ -102,7 +103,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var latencies, batches, forwarders, stricts, wmPolls, scenarios string
 	var skipRSS bool
 	defURL := cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-	fs.StringVar(&o.url, "url", defURL, "PostgreSQL URL (default from TEST_DATABASE_URL)")
+	fs.StringVar(&o.url, "url", "", "PostgreSQL URL (default from TEST_DATABASE_URL), or with -db mysql a go-sql-driver/mysql DSN (default from TEST_MYSQL_DSN)")
+	fs.StringVar(&o.db, "db", "postgres", "database of both relays: postgres, or mysql (MySQL/MariaDB: scenarios insert, drain and steady; both relays poll)")
 	fs.IntVar(&o.messages, "messages", 50000, "messages per run")
 	fs.IntVar(&o.keys, "keys", 1000, "distinct ordering keys; 0 = keyless")
 	fs.IntVar(&o.payload, "payload", 256, "payload bytes")
@@ -119,7 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of the latency scenario")
 	fs.StringVar(&wmPolls, "wm-poll", "1ms,10ms", "watermill poll intervals tried in the latency scenario; the best is reported (list)")
 	fs.IntVar(&o.wmLatMsgs, "wm-latency-messages", 5000, "cap on messages of watermill drains with broker latency (it forwards one at a time)")
-	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,rss", "scenarios to run (list)")
+	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,rss", "scenarios to run (list); with -db mysql the default is insert,drain,steady")
 	fs.IntVar(&o.rssRows, "rss-rows", 1_000_000, "pending rows of the rss scenario")
 	fs.IntVar(&o.rssDrain, "rss-drain", 200_000, "rows the rss child forwards before its peak RSS is read")
 	fs.BoolVar(&skipRSS, "skip-rss", false, "skip the rss scenario (inserting its backlog takes a while)")
@@ -134,6 +136,24 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	switch o.db {
+	case "postgres":
+		o.url = cmp.Or(o.url, defURL)
+	case "mysql":
+		o.url = cmp.Or(o.url, os.Getenv("TEST_MYSQL_DSN"), "root@tcp(127.0.0.1:3306)/test")
+		scenariosSet := false
+		fs.Visit(func(f *flag.Flag) { scenariosSet = scenariosSet || f.Name == "scenarios" })
+		if !scenariosSet {
+			scenarios = "insert,drain,steady"
+		}
+		for _, sc := range strings.Split(scenarios, ",") {
+			if sc == "latency" || sc == "rss" {
+				return o, fmt.Errorf("-scenarios %s: not available with -db mysql (it needs LISTEN/NOTIFY, or the PostgreSQL child)", sc)
+			}
+		}
+	default:
+		return o, fmt.Errorf("-db %q: want postgres or mysql", o.db)
 	}
 	var err error
 	if o.latencies, err = parseList(latencies, time.ParseDuration); err != nil {
@@ -252,7 +272,10 @@ type bench struct {
 }
 
 func run(ctx context.Context, o options, out io.Writer) (int, error) {
-	b := &bench{o: o, out: out, payload: make([]byte, o.payload), inserts: map[string][]float64{}, cpu: newCPUMeter(o.url)}
+	b := &bench{o: o, out: out, payload: make([]byte, o.payload), inserts: map[string][]float64{}}
+	if o.db == "postgres" {
+		b.cpu = newCPUMeter(o.url)
+	}
 	for i := range b.payload {
 		b.payload[i] = byte('a' + rand.IntN(26))
 	}
@@ -268,8 +291,8 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 		defer pprof.StopCPUProfile()
 	}
 	start := time.Now()
-	fmt.Fprintf(out, "txoutbox-bench %s: messages=%d keys=%d payload=%dB per-tx=%d producers=%d poll=%s delete-on-ack=%v repeat=%d\n",
-		start.Format(time.RFC3339), o.messages, o.keys, o.payload, o.perTx, o.producers, o.poll, o.deleteOnAck, o.repeat)
+	fmt.Fprintf(out, "txoutbox-bench %s: db=%s messages=%d keys=%d payload=%dB per-tx=%d producers=%d poll=%s delete-on-ack=%v repeat=%d\n",
+		start.Format(time.RFC3339), o.db, o.messages, o.keys, o.payload, o.perTx, o.producers, o.poll, o.deleteOnAck, o.repeat)
 	steps := []struct {
 		name string
 		fn   func(context.Context) error
@@ -558,6 +581,9 @@ func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n in
 // production. CHECKPOINT needs a superuser or pg_checkpoint; without it the
 // runs are noisier.
 func (b *bench) settle(ctx context.Context) error {
+	if b.o.db == "mysql" {
+		return nil // InnoDB flushes in the background; there is no CHECKPOINT to ask for
+	}
 	conn, err := pgx.Connect(ctx, b.o.url)
 	if err != nil {
 		return fmt.Errorf("settle: %w", err)
@@ -574,6 +600,12 @@ func (b *bench) newRelay(kind string, cfg relayConfig) relay {
 	cfg.url = b.o.url
 	cfg.producers = b.o.producers
 	cfg.deleteOnAck = b.o.deleteOnAck
+	if b.o.db == "mysql" {
+		if kind == "wm" {
+			return newWmMyRelay(cfg)
+		}
+		return newTxoMyRelay(cfg)
+	}
 	if kind == "wm" {
 		return newWmRelay(cfg)
 	}

@@ -9,8 +9,13 @@
 //
 //	txoutbox-fault forwarder -table app.outbox -channel app_outbox -worker fwd-1 -target http://127.0.0.1:8080/publish
 //
-// The database URL comes from -db or, better for a URL that holds a
-// password, from the TXOUTBOX_FAULT_DB environment variable. The password is
+// With -driver mysql it runs over a MySQL or MariaDB table instead, through
+// storage/mysql; there is no LISTEN/NOTIFY there, so it polls:
+//
+//	txoutbox-fault forwarder -driver mysql -table outbox -worker fwd-1 -target http://127.0.0.1:8080/publish
+//
+// The database URL (or MySQL DSN) comes from -db or, better for a URL that
+// holds a password, from the TXOUTBOX_FAULT_DB environment variable. The password is
 // never written to the logs. Every connection carries the application_name
 // "txoutbox-fault-<worker>". SIGTERM or SIGINT stops the forwarder gracefully
 // (it finishes in-flight publishes and releases what it claimed) and the
@@ -20,6 +25,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -37,11 +43,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/faulttest"
 	"github.com/txoutbox/txoutbox/storage"
+	mysqlstorage "github.com/txoutbox/txoutbox/storage/mysql"
 	"github.com/txoutbox/txoutbox/storage/postgres"
 )
 
@@ -92,6 +100,7 @@ func run(args []string, stderr io.Writer) int {
 // forwarderFlags are the settings of forwarder mode.
 type forwarderFlags struct {
 	db              string
+	driver          string
 	table           string
 	channel         string
 	worker          string
@@ -110,6 +119,7 @@ func parseForwarderFlags(args []string, stderr io.Writer) (forwarderFlags, error
 	fs := flag.NewFlagSet("txoutbox-fault forwarder", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.db, "db", os.Getenv("TXOUTBOX_FAULT_DB"), "PostgreSQL URL (default $TXOUTBOX_FAULT_DB)")
+	fs.StringVar(&c.driver, "driver", "postgres", "database: postgres or mysql (MySQL and MariaDB, DSN in go-sql-driver/mysql form)")
 	fs.StringVar(&c.table, "table", "outbox", "outbox table, optionally schema-qualified")
 	fs.StringVar(&c.channel, "channel", "", "LISTEN/NOTIFY channel (empty: poll only)")
 	fs.StringVar(&c.worker, "worker", "", "worker id (required)")
@@ -131,6 +141,10 @@ func parseForwarderFlags(args []string, stderr io.Writer) (forwarderFlags, error
 		return c, errors.New("-worker is required")
 	case c.target == "":
 		return c, errors.New("-target is required")
+	case c.driver != "postgres" && c.driver != "mysql":
+		return c, fmt.Errorf("-driver %q: want postgres or mysql", c.driver)
+	case c.driver == "mysql" && c.channel != "":
+		return c, errors.New("-channel: MySQL has no LISTEN/NOTIFY")
 	}
 	return c, nil
 }
@@ -154,29 +168,45 @@ func runForwarder(args []string, stderr io.Writer) int {
 	}
 	logger := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level})))
 
-	poolCfg, err := pgxpool.ParseConfig(c.db)
-	if err != nil {
-		fmt.Fprintf(out, "txoutbox-fault: invalid database URL: %v\n", err)
-		return 2
-	}
-	appName := faulttest.ApplicationNamePrefix + "-" + c.worker
-	poolCfg.ConnConfig.RuntimeParams["application_name"] = appName
-	poolCfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	poolCfg.MaxConns = int32(min(c.concurrency, 4) + 1)
-	poolCfg.HealthCheckPeriod = time.Second
-	// NewWithConfig does not connect: a database that is down at start-up
-	// (the suite restarts it) is retried by the forwarder's loop.
-	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
-	if err != nil {
-		fmt.Fprintf(out, "txoutbox-fault: open pool: %v\n", err)
-		return 2
-	}
-	defer pool.Close()
-
-	store, err := postgres.New(pool, postgres.Config{Table: c.table, NotifyChannel: c.channel, Logger: logger})
-	if err != nil {
-		fmt.Fprintf(out, "txoutbox-fault: %v\n", err)
-		return 2
+	var store storage.Storage
+	var listen func(ctx context.Context, wake func()) error
+	var database string
+	if c.driver == "mysql" {
+		my, db, desc, err := openMySQL(c)
+		if err != nil {
+			fmt.Fprintf(out, "txoutbox-fault: %v\n", err)
+			return 2
+		}
+		defer db.Close()
+		store, database = my, desc
+	} else {
+		poolCfg, err := pgxpool.ParseConfig(c.db)
+		if err != nil {
+			fmt.Fprintf(out, "txoutbox-fault: invalid database URL: %v\n", err)
+			return 2
+		}
+		appName := faulttest.ApplicationNamePrefix + "-" + c.worker
+		poolCfg.ConnConfig.RuntimeParams["application_name"] = appName
+		poolCfg.ConnConfig.ConnectTimeout = 2 * time.Second
+		poolCfg.MaxConns = int32(min(c.concurrency, 4) + 1)
+		poolCfg.HealthCheckPeriod = time.Second
+		// NewWithConfig does not connect: a database that is down at start-up
+		// (the suite restarts it) is retried by the forwarder's loop.
+		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+		if err != nil {
+			fmt.Fprintf(out, "txoutbox-fault: open pool: %v\n", err)
+			return 2
+		}
+		defer pool.Close()
+		pg, err := postgres.New(pool, postgres.Config{Table: c.table, NotifyChannel: c.channel, Logger: logger})
+		if err != nil {
+			fmt.Fprintf(out, "txoutbox-fault: %v\n", err)
+			return 2
+		}
+		store, database = pg, describe(poolCfg)
+		if c.channel != "" {
+			listen = pg.Listen
+		}
 	}
 	target := newHTTPPublisher(c.target, c.worker, out)
 	defer target.Close()
@@ -206,14 +236,14 @@ func runForwarder(args []string, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	var wg sync.WaitGroup
-	if c.channel != "" {
+	if listen != nil {
 		wg.Go(func() {
-			if err := store.Listen(ctx, fwd.Wake); err != nil {
+			if err := listen(ctx, fwd.Wake); err != nil {
 				logger.Error("Listener stopped", err, nil)
 			}
 		})
 	}
-	logger.Info("Fault worker started", watermill.LogFields{"worker": c.worker, "table": store.Table(), "database": describe(poolCfg)})
+	logger.Info("Fault worker started", watermill.LogFields{"worker": c.worker, "table": c.table, "driver": c.driver, "database": database})
 	start := time.Now()
 	err = fwd.Run(ctx)
 	wg.Wait()
@@ -223,6 +253,30 @@ func runForwarder(args []string, stderr io.Writer) int {
 	}
 	logger.Info("Fault worker stopped gracefully", watermill.LogFields{"worker": c.worker, "ran": time.Since(start).String()})
 	return 0
+}
+
+// openMySQL opens the MySQL pool and storage. Every connection carries the
+// connection attribute program_name "txoutbox-fault-<worker>".
+func openMySQL(c forwarderFlags) (*mysqlstorage.Storage, *sql.DB, string, error) {
+	cfg, err := mysqldriver.ParseDSN(c.db)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("invalid MySQL DSN: %w", err)
+	}
+	cfg.ConnectionAttributes = "program_name:" + faulttest.ApplicationNamePrefix + "-" + c.worker
+	cfg.Timeout = 2 * time.Second
+	conn, err := mysqldriver.NewConnector(cfg)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("invalid MySQL DSN: %w", err)
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxOpenConns(min(c.concurrency, 4) + 1)
+	db.SetConnMaxLifetime(time.Minute)
+	store, err := mysqlstorage.New(db, mysqlstorage.Config{Table: c.table})
+	if err != nil {
+		db.Close()
+		return nil, nil, "", err
+	}
+	return store, db, fmt.Sprintf("%s@%s/%s", cfg.User, cfg.Addr, cfg.DBName), nil
 }
 
 // describe names the database without credentials.
@@ -245,6 +299,9 @@ func secretsOf(dsn string) []string {
 	}
 	if cfg, err := pgxpool.ParseConfig(dsn); err == nil {
 		raw = append(raw, cfg.ConnConfig.Password)
+	}
+	if cfg, err := mysqldriver.ParseDSN(dsn); err == nil {
+		raw = append(raw, cfg.Passwd)
 	}
 	for _, f := range strings.Fields(dsn) {
 		if v, ok := strings.CutPrefix(f, "password="); ok {

@@ -1,0 +1,103 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// PurgeBatchSize is how many delivered rows one Purge statement deletes at
+// most, so that a purge of millions of rows never holds a long lock.
+const PurgeBatchSize = 1000
+
+// Stats implements [storage.StatsReader]. The counts read the claim index
+// (pending, leased) and the done index (delivered, dead); Delivered is
+// always 0 with [Config.DeleteOnAck].
+func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
+	q := fmt.Sprintf(`SELECT
+    (SELECT COUNT(*) FROM %[1]s WHERE status = 'pending'),
+    (SELECT COUNT(*) FROM %[1]s WHERE status = 'pending' AND leased_until > UTC_TIMESTAMP(6)),
+    (SELECT COUNT(*) FROM %[1]s WHERE status = 'delivered'),
+    (SELECT COUNT(*) FROM %[1]s WHERE status = 'dead'),
+    COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) FROM %[1]s WHERE status = 'pending'), 0)`, s.table)
+	var st storage.Stats
+	var age int64
+	if err := s.db.QueryRowContext(ctx, q).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age); err != nil {
+		return storage.Stats{}, fmt.Errorf("outbox stats of %s: %w", s.table, err)
+	}
+	st.OldestPendingAge = max(time.Duration(age)*time.Microsecond, 0)
+	return st, nil
+}
+
+// Purge implements [storage.Maintainer]: it deletes the rows delivered more
+// than olderThan ago, [PurgeBatchSize] per statement (each its own READ
+// COMMITTED transaction), until none is left. On error it returns how many
+// it had deleted so far.
+func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("purge outbox %s: olderThan is %s: must be >= 0", s.table, olderThan)
+	}
+	q := "DELETE FROM " + s.table + " WHERE status = 'delivered' AND delivered_at < UTC_TIMESTAMP(6) - INTERVAL " +
+		strconv.FormatInt(olderThan.Microseconds(), 10) + " MICROSECOND ORDER BY delivered_at LIMIT " + strconv.Itoa(PurgeBatchSize)
+	var total int64
+	for {
+		var n int64
+		err := s.inTx(ctx, func(tx *sql.Tx) error {
+			r, err := tx.ExecContext(ctx, q)
+			if err != nil {
+				return err
+			}
+			n, err = r.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("purge outbox %s: %w", s.table, err)
+		}
+		total += n
+		if n < PurgeBatchSize {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, fmt.Errorf("purge outbox %s: %w", s.table, err)
+		}
+	}
+}
+
+// Redrive implements [storage.Maintainer]: the selected dead-lettered rows go
+// back to pending, due now, not parked, with attempts 0 and no error. A
+// re-driven row may be ahead of later rows of its key that were delivered
+// meanwhile: it is claimed as soon as no earlier row of its key is pending.
+func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, error) {
+	if err := p.Validate(); err != nil {
+		return 0, fmt.Errorf("redrive outbox rows: %w", err)
+	}
+	var b strings.Builder
+	b.WriteString("UPDATE " + s.table + ` SET status = 'pending', parked = 0, attempts = 0, last_error = NULL,
+    leased_by = NULL, leased_until = NULL, due_at = UTC_TIMESTAMP(6) WHERE status = 'dead' AND `)
+	if len(p.IDs) > 0 {
+		b.WriteString("id IN (")
+		idList(&b, p.IDs)
+		b.WriteByte(')')
+	} else {
+		b.WriteString("topic = ")
+		strLit(&b, validText(p.Topic))
+	}
+	var n int64
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		r, err := tx.ExecContext(ctx, b.String())
+		if err != nil {
+			return err
+		}
+		n, err = r.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("redrive outbox rows in %s: %w", s.table, err)
+	}
+	return n, nil
+}

@@ -1,0 +1,280 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// lockOwned locks the rows of ids, in id order, and returns those that are
+// pending and leased by worker, with their keys. Write-backs lock in id
+// order and claims never wait, so write-backs do not deadlock each other.
+func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker, extra string) (owned []int64, keys []string, reps []int64, err error) {
+	var b strings.Builder
+	b.WriteString("SELECT id, `key` FROM " + s.table + " WHERE id IN (")
+	idList(&b, ids)
+	b.WriteString(") AND status = 'pending' AND leased_by = ")
+	strLit(&b, worker)
+	b.WriteString(extra)
+	b.WriteString(" ORDER BY id FOR UPDATE")
+	rows, err := tx.QueryContext(ctx, b.String())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer rows.Close()
+	seen := map[string]bool{}
+	for rows.Next() {
+		var id int64
+		var k string
+		if err := rows.Scan(&id, &k); err != nil {
+			return nil, nil, nil, err
+		}
+		owned = append(owned, id)
+		if k != "" && !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+			reps = append(reps, id)
+		}
+	}
+	return owned, keys, reps, rows.Err()
+}
+
+// promote unparks the lowest pending row of each key after the rows ahead
+// of it left (acked or dead-lettered) in this transaction. It finds that
+// row with a plain read, then locks it (FOR UPDATE, in id order): another
+// ack of the same key may hold the row it found and be about to move it out
+// of pending (two holders of one key's rows ack at once after a lease ran
+// out), so a row that is no longer pending once locked is looked for again.
+// Two such acks can wait for each other; InnoDB then rolls one back and
+// inTx runs it again. Claims never wait, so a promote waits for a claim only
+// as long as the claim runs. acked holds one row of each key this
+// transaction changed.
+func (s *Storage) promote(ctx context.Context, tx *sql.Tx, acked []int64, keys []string) error {
+	if len(keys) == 0 || s.config.DisableStrictOrdering {
+		return nil
+	}
+	for round := 0; len(keys) > 0; round++ {
+		if round == 10 {
+			return fmt.Errorf("promote: the lowest rows of %d keys kept changing", len(keys))
+		}
+		lowest, err := s.lowestPending(ctx, tx, acked, keys)
+		if err != nil {
+			return err
+		}
+		if len(lowest) == 0 {
+			return nil
+		}
+		ids := make([]int64, 0, len(lowest))
+		for _, id := range lowest {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		rows, err := tx.QueryContext(ctx, "SELECT id, `key`, parked FROM "+s.table+" WHERE id IN ("+idsText(ids)+") AND status = 'pending' ORDER BY id FOR UPDATE")
+		if err != nil {
+			return err
+		}
+		var unpark []int64
+		for rows.Next() {
+			var id int64
+			var k string
+			var parked bool
+			if err := rows.Scan(&id, &k, &parked); err != nil {
+				rows.Close()
+				return err
+			}
+			delete(lowest, k)
+			if parked {
+				unpark = append(unpark, id)
+			}
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return err
+		}
+		if len(unpark) > 0 {
+			if _, err := tx.ExecContext(ctx, "UPDATE "+s.table+" SET parked = 0 WHERE id IN ("+idsText(unpark)+")"); err != nil {
+				return err
+			}
+		}
+		// Keys whose row left pending meanwhile: look again.
+		keys = keys[:0]
+		for k := range lowest {
+			keys = append(keys, k)
+		}
+		acked = nil
+	}
+	return nil
+}
+
+// lowestPending returns the lowest pending id of each key (a plain read).
+// With acked (rows of the keys still in the table) it is one statement of
+// correlated MINs; otherwise one ORDER BY id LIMIT 1 subquery per key.
+func (s *Storage) lowestPending(ctx context.Context, tx *sql.Tx, acked []int64, keys []string) (map[string]int64, error) {
+	var q string
+	if len(acked) > 0 && !s.config.DeleteOnAck {
+		q = "SELECT o.`key`, (SELECT MIN(e.id) FROM " + s.table + " e WHERE e.`key` = o.`key` AND e.status = 'pending') FROM " +
+			s.table + " o WHERE o.id IN (" + idsText(acked) + ")"
+	} else {
+		var b strings.Builder
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteString(" UNION ALL ")
+			}
+			b.WriteString("(SELECT `key`, id FROM " + s.table + " WHERE `key` = ")
+			strLit(&b, k)
+			b.WriteString(" AND status = 'pending' ORDER BY id LIMIT 1)")
+		}
+		q = b.String()
+	}
+	rows, err := tx.QueryContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]int64, len(keys))
+	for rows.Next() {
+		var k string
+		var id sql.NullInt64
+		if err := rows.Scan(&k, &id); err != nil {
+			return nil, err
+		}
+		if id.Valid {
+			out[k] = id.Int64
+		}
+	}
+	return out, rows.Err()
+}
+
+// Ack implements [storage.Storage]: the rows leased by the worker are marked
+// delivered (deleted with [Config.DeleteOnAck]) and the next row of each of
+// their keys is unparked, in one transaction.
+func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
+	if len(p.IDs) == 0 {
+		return nil
+	}
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		owned, keys, reps, err := s.lockOwned(ctx, tx, p.IDs, p.WorkerID, "")
+		if err != nil || len(owned) == 0 {
+			return err
+		}
+		q := "UPDATE " + s.table + " SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6), leased_by = NULL, leased_until = NULL, parked = 0 WHERE id IN (" + idsText(owned) + ")"
+		if s.config.DeleteOnAck {
+			q = "DELETE FROM " + s.table + " WHERE id IN (" + idsText(owned) + ")"
+		}
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return err
+		}
+		return s.promote(ctx, tx, reps, keys)
+	})
+	if err != nil {
+		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+	}
+	return nil
+}
+
+// Nack implements [storage.Storage]. One fenced statement; parking is not
+// changed (the row stays the lowest pending row of its key).
+func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
+	var b strings.Builder
+	b.WriteString("UPDATE " + s.table + " SET leased_by = NULL, leased_until = NULL, due_at = " + timeLit(p.RetryAt) + ", last_error = ")
+	strLit(&b, validText(p.Error))
+	fmt.Fprintf(&b, " WHERE id = %d AND status = 'pending' AND leased_by = ", p.ID)
+	strLit(&b, p.WorkerID)
+	if _, err := s.exec(ctx, b.String()); err != nil {
+		return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
+	}
+	return nil
+}
+
+// Release implements [storage.Storage]. One fenced statement; parking is not
+// changed.
+func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
+	if len(p.IDs) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("UPDATE " + s.table + " SET leased_by = NULL, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), due_at = " + timeLit(p.RetryAt) + " WHERE id IN (")
+	idList(&b, slices.Sorted(slices.Values(p.IDs)))
+	b.WriteString(") AND status = 'pending' AND leased_by = ")
+	strLit(&b, p.WorkerID)
+	if _, err := s.exec(ctx, b.String()); err != nil {
+		return fmt.Errorf("release %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+	}
+	return nil
+}
+
+// DeadLetter implements [storage.Storage]: the row becomes dead and the next
+// row of its key is unparked, in one transaction.
+func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		owned, keys, reps, err := s.lockOwned(ctx, tx, []int64{p.ID}, p.WorkerID, "")
+		if err != nil || len(owned) == 0 {
+			return err
+		}
+		var b strings.Builder
+		b.WriteString("UPDATE " + s.table + " SET status = 'dead', leased_by = NULL, leased_until = NULL, parked = 0, last_error = ")
+		strLit(&b, validText(p.Error))
+		fmt.Fprintf(&b, " WHERE id = %d", p.ID)
+		if _, err := tx.ExecContext(ctx, b.String()); err != nil {
+			return err
+		}
+		return s.promote(ctx, tx, reps, keys)
+	})
+	if err != nil {
+		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
+	}
+	return nil
+}
+
+// Extend implements [storage.Storage]: live leases of the worker are pushed
+// to now+params.Lease.
+func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, error) {
+	if len(p.IDs) == 0 {
+		return nil, nil
+	}
+	if p.Lease <= 0 {
+		return nil, fmt.Errorf("extend outbox leases: lease %s must be > 0", p.Lease)
+	}
+	var owned []int64
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		owned, _, _, err = s.lockOwned(ctx, tx, p.IDs, p.WorkerID, " AND leased_until > UTC_TIMESTAMP(6)")
+		if err != nil || len(owned) == 0 {
+			return err
+		}
+		until := plusMicros("UTC_TIMESTAMP(6)", p.Lease)
+		_, err = tx.ExecContext(ctx, "UPDATE "+s.table+" SET leased_until = "+until+", due_at = "+until+" WHERE id IN ("+idsText(owned)+")")
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("extend %d outbox leases in %s: %w", len(p.IDs), s.table, err)
+	}
+	return owned, nil
+}
+
+// exec runs one statement on its own (autocommit). Its rows are found by
+// primary key, so it takes record locks only; a deadlock is retried once.
+func (s *Storage) exec(ctx context.Context, q string) (sql.Result, error) {
+	r, err := s.db.ExecContext(ctx, q)
+	if retryable(err) {
+		r, err = s.db.ExecContext(ctx, q)
+	}
+	return r, err
+}
+
+// maxErrorBytes keeps an error text within its TEXT column (65535 bytes).
+const maxErrorBytes = 60000
+
+// validText makes an error text storable: invalid UTF-8 is replaced and a
+// text too long for the column is cut at a character boundary.
+func validText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) > maxErrorBytes {
+		s = strings.ToValidUTF8(s[:maxErrorBytes], "")
+	}
+	return s
+}
