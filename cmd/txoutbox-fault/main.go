@@ -210,7 +210,7 @@ func runForwarder(args []string, stderr io.Writer) int {
 	}
 	target := newHTTPPublisher(c.target, c.worker, out)
 	defer target.Close()
-	var relay storage.Storage = store
+	relay := store
 	if c.debug {
 		relay = claimLogger{Storage: store, out: out}
 	}

@@ -50,7 +50,7 @@ func run(ctx context.Context, dsn string, out io.Writer) error {
 	defer db.Close()
 	suffix := strings.ToLower(watermill.NewShortUUID())
 	ordersTable, outboxTable := "orders_"+suffix, "outbox_"+suffix
-	defer db.Exec("DROP TABLE IF EXISTS " + ordersTable + ", " + outboxTable) //nolint:errcheck // example clean-up
+	defer db.ExecContext(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+ordersTable+", "+outboxTable) //nolint:errcheck // example clean-up
 
 	// The database: your business table and the outbox table.
 	outbox, err := mysql.New(db, mysql.Config{Table: outboxTable})
@@ -153,7 +153,7 @@ func placeOrder(ctx context.Context, db *sql.DB, table string, publisher *txoutb
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
 
-	res, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (customer, total) VALUES (?, ?)", customer, total)
+	res, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (customer, total) VALUES (?, ?)", customer, total) //nolint:gosec // the example's own table name
 	if err != nil {
 		return 0, err
 	}

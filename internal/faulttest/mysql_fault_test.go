@@ -158,13 +158,18 @@ func TestFaultToleranceMySQL(t *testing.T) {
 			t.Fatal(err)
 		}
 		var ids []int64
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err == nil {
-				ids = append(ids, id)
+		func() {
+			defer func() { _ = rows.Close() }()
+			for rows.Next() {
+				var id int64
+				if err := rows.Scan(&id); err == nil {
+					ids = append(ids, id)
+				}
 			}
-		}
-		rows.Close()
+			if err := rows.Err(); err != nil {
+				t.Log(err) // the next round looks again
+			}
+		}()
 		for _, id := range ids {
 			if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL %d", id)); err == nil {
 				connKills.Add(1)

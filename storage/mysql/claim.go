@@ -80,7 +80,7 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 	for rows.Next() {
 		var c candidate
 		if err := rows.Scan(&c.id, &c.key, &c.live, &now); err != nil {
-			rows.Close()
+			_ = rows.Close()
 			return nil, fmt.Errorf("walk: %w", err)
 		}
 		cands = append(cands, c)
@@ -162,7 +162,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 			var k string
 			var id sql.NullInt64
 			if err := rows.Scan(&k, &id); err != nil {
-				rows.Close()
+				_ = rows.Close()
 				return nil, nil, fmt.Errorf("lowest rows of keys: %w", err)
 			}
 			keys[k] = id.Int64
@@ -282,7 +282,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 			var k string
 			var ok bool
 			if err := rows.Scan(&id, &k, &ok); err != nil {
-				rows.Close()
+				_ = rows.Close()
 				return nil, nil, fmt.Errorf("followers: %w", err)
 			}
 			if stopped[k] || id <= headOf[k] {
@@ -346,7 +346,7 @@ func (s *Storage) readRecords(ctx context.Context, tx *sql.Tx, ids []int64) ([]s
 	if err != nil {
 		return nil, fmt.Errorf("read claimed rows: %w", err)
 	}
-	defer rows.Close()
+	defer func() { _ = rows.Close() }()
 	out := make([]storage.Record, 0, len(ids))
 	var topic string
 	for rows.Next() {
@@ -382,7 +382,7 @@ func queryIDs(ctx context.Context, tx *sql.Tx, q string) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
+	defer func() { _ = rows.Close() }()
 	var ids []int64
 	for rows.Next() {
 		var id int64

@@ -22,31 +22,36 @@ func TestClaimUsesIndexes(t *testing.T) {
 		{"SELECT `key`, MIN(id) FROM " + s.table + " WHERE `key` IN ('a','b') AND status = 'pending' GROUP BY `key`", "key_idx"},
 		{"SELECT id FROM " + s.table + " WHERE `key` = 'a' AND status = 'pending' AND id > 5 ORDER BY id LIMIT 16", "key_idx"},
 	} {
-		rows, err := s.db.QueryContext(t.Context(), "EXPLAIN "+c.q)
-		must(t, err)
-		cols, _ := rows.Columns()
-		var plan []string
-		for rows.Next() {
-			vals := make([]any, len(cols))
-			ptrs := make([]any, len(cols))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			must(t, rows.Scan(ptrs...))
-			for i, c := range cols {
-				if b, ok := vals[i].([]byte); ok {
-					plan = append(plan, c+"="+string(b))
-				}
-			}
-		}
-		must(t, rows.Err())
-		rows.Close()
-		p := strings.Join(plan, " ")
+		p := explain(t, s, c.q)
 		if !strings.Contains(p, "key="+c.index) || strings.Contains(p, "filesort") {
 			t.Errorf("plan of %s:\n%s\nwant index %s and no filesort", c.q, p, c.index)
 		}
 		t.Logf("%s\n  %s", c.q, p)
 	}
+}
+
+// explain returns the plan of q as "column=value" pairs.
+func explain(t testing.TB, s *Storage, q string) string {
+	rows, err := s.db.QueryContext(t.Context(), "EXPLAIN "+q)
+	must(t, err)
+	defer func() { _ = rows.Close() }()
+	cols, _ := rows.Columns()
+	var plan []string
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		must(t, rows.Scan(ptrs...))
+		for i, c := range cols {
+			if b, ok := vals[i].([]byte); ok {
+				plan = append(plan, c+"="+string(b))
+			}
+		}
+	}
+	must(t, rows.Err())
+	return strings.Join(plan, " ")
 }
 
 func exec(t testing.TB, s *Storage, q string) error {

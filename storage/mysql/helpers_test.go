@@ -11,7 +11,6 @@ import (
 	"io"
 	"log"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -232,25 +231,4 @@ func must(t testing.TB, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// isDeadlock reports MySQL error 1213.
-func isDeadlock(err error) bool {
-	var me *mysql.MySQLError
-	return err != nil && strings.Contains(err.Error(), "1213") || (asMySQL(err, &me) && me.Number == errDeadlock)
-}
-
-func asMySQL(err error, me **mysql.MySQLError) bool {
-	for err != nil {
-		if e, ok := err.(*mysql.MySQLError); ok {
-			*me = e
-			return true
-		}
-		u, ok := err.(interface{ Unwrap() error })
-		if !ok {
-			return false
-		}
-		err = u.Unwrap()
-	}
-	return false
 }

@@ -116,7 +116,7 @@ func checkRecord(r storage.Record) (string, error) {
 	}
 	b, err := json.Marshal(r.Metadata)
 	if err != nil {
-		return "", fmt.Errorf("%w: metadata: %v", storage.ErrInvalidRecord, err)
+		return "", fmt.Errorf("%w: metadata: %w", storage.ErrInvalidRecord, err)
 	}
 	return string(b), nil
 }

@@ -205,7 +205,7 @@ func (s *Storage) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(time.Duration(rand.IntN(2000*attempt)) * time.Microsecond):
+		case <-time.After(time.Duration(rand.IntN(2000*attempt)) * time.Microsecond): //nolint:gosec // retry jitter is not a secret
 		}
 	}
 }

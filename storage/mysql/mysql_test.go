@@ -508,6 +508,26 @@ func mustStats(t testing.TB, s *Storage) storage.Stats {
 	return st
 }
 
+// logBefore logs the rows of key before id.
+func logBefore(t testing.TB, s *Storage, key string, id int64) {
+	r2, err := s.db.QueryContext(context.Background(), fmt.Sprintf("SELECT id, status, attempts, COALESCE(last_error,''), CAST(COALESCE(delivered_at,'') AS CHAR) FROM %s WHERE `key` = ? AND id < %d ORDER BY id DESC LIMIT 3", s.table, id), key)
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	defer func() { _ = r2.Close() }()
+	for r2.Next() {
+		var id2 int64
+		var st, le, da string
+		var at int
+		_ = r2.Scan(&id2, &st, &at, &le, &da)
+		t.Logf("   before: %d %s attempts %d error %q delivered %s", id2, st, at, le, da)
+	}
+	if err := r2.Err(); err != nil {
+		t.Log(err)
+	}
+}
+
 // dumpPending logs the pending rows, for a test that found some stuck.
 func dumpPending(t testing.TB, s *Storage) {
 	rows, err := s.db.QueryContext(context.Background(), "SELECT id, `key`, parked, COALESCE(leased_by, ''), CAST(COALESCE(leased_until, '') AS CHAR), CAST(due_at AS CHAR), attempts FROM "+s.table+" WHERE status = 'pending' ORDER BY `key`, id LIMIT 50")
@@ -525,18 +545,9 @@ func dumpPending(t testing.TB, s *Storage) {
 			return
 		}
 		t.Logf("pending %d key %q parked %d leased_by %q until %s due %s attempts %d", id, key, parked, by, until, due, attempts)
-		r2, err := s.db.QueryContext(context.Background(), fmt.Sprintf("SELECT id, status, attempts, COALESCE(last_error,''), CAST(COALESCE(delivered_at,'') AS CHAR) FROM %s WHERE `key` = ? AND id < %d ORDER BY id DESC LIMIT 3", s.table, id), key)
-		if err != nil {
-			t.Log(err)
-			return
-		}
-		for r2.Next() {
-			var id2 int64
-			var st, le, da string
-			var at int
-			_ = r2.Scan(&id2, &st, &at, &le, &da)
-			t.Logf("   before: %d %s attempts %d error %q delivered %s", id2, st, at, le, da)
-		}
-		r2.Close()
+		logBefore(t, s, key, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Log(err)
 	}
 }

@@ -26,7 +26,7 @@ func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	defer rows.Close()
+	defer func() { _ = rows.Close() }()
 	seen := map[string]bool{}
 	for rows.Next() {
 		var id int64
@@ -84,7 +84,7 @@ func (s *Storage) promote(ctx context.Context, tx *sql.Tx, acked []int64, keys [
 			var k string
 			var parked bool
 			if err := rows.Scan(&id, &k, &parked); err != nil {
-				rows.Close()
+				_ = rows.Close()
 				return err
 			}
 			delete(lowest, k)
@@ -134,7 +134,7 @@ func (s *Storage) lowestPending(ctx context.Context, tx *sql.Tx, acked []int64, 
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
+	defer func() { _ = rows.Close() }()
 	out := make(map[string]int64, len(keys))
 	for rows.Next() {
 		var k string

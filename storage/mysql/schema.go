@@ -58,7 +58,7 @@ func (s *Storage) CreateSchema(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create outbox schema for %s: %w", s.table, err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	lock := "txoutbox schema " + s.name
 	var got sql.NullInt64
 	// GET_LOCK is held by the session: take and release it on one connection.
