@@ -767,12 +767,27 @@ func (c *countingStorage) Claim(ctx context.Context, p storage.ClaimParams) ([]s
 type captureLogger struct {
 	mu   sync.Mutex
 	errs []error
+	msgs []string
 }
 
 func (l *captureLogger) Error(msg string, err error, fields watermill.LogFields) {
 	l.mu.Lock()
 	l.errs = append(l.errs, err)
+	l.msgs = append(l.msgs, msg)
 	l.mu.Unlock()
+}
+
+// countMsg counts the errors logged with a message that starts with prefix.
+func (l *captureLogger) countMsg(prefix string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.msgs {
+		if strings.HasPrefix(m, prefix) {
+			n++
+		}
+	}
+	return n
 }
 func (l *captureLogger) Info(string, watermill.LogFields)  {}
 func (l *captureLogger) Debug(string, watermill.LogFields) {}
