@@ -165,12 +165,12 @@ func TestForwarderSlowKeyDelaysOnlyItself(t *testing.T) {
 			slow := b.insert(t, s, record("t", "slow", "1"), record("t", "slow", "2"))
 			first := b.insert(t, s, record("t", "a", "1"), record("t", "b", "1"), record("t", "", "1"))
 			block, entered := make(chan struct{}), make(chan struct{})
-			var once sync.Once
+			var once, enter sync.Once
 			defer once.Do(func() { close(block) })
 			target := newRecorder()
 			target.setFail(func(d delivery) error {
 				if d.ID == slow[0] {
-					close(entered)
+					enter.Do(func() { close(entered) })
 					<-block
 				}
 				return nil
@@ -178,6 +178,9 @@ func TestForwarderSlowKeyDelaysOnlyItself(t *testing.T) {
 			var mu sync.Mutex
 			acked := map[int64]bool{}
 			cfg := fastConfig()
+			// Nothing times out while the test waits: the slow publish stays
+			// in flight until the test unblocks it.
+			cfg.PublishTimeout, cfg.Lease = time.Minute, 2*time.Minute
 			cfg.OnOutcome = func(o txoutbox.Outcome) {
 				mu.Lock()
 				defer mu.Unlock()
