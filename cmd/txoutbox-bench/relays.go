@@ -36,6 +36,8 @@ type relayConfig struct {
 	producers   int
 	forwarders  int
 	deleteOnAck bool // txoutbox only
+	// txoutbox only, 0 for the defaults
+	lease, publishTimeout time.Duration
 }
 
 // relay is one system under test.
@@ -120,11 +122,13 @@ func (r *txoRelay) Start(ctx context.Context, target message.Publisher) (func(),
 	var fwds []*txoutbox.Forwarder
 	for i := range max(r.cfg.forwarders, 1) {
 		f, err := txoutbox.NewForwarder(r.store, target, txoutbox.ForwarderConfig{
-			BatchSize:   r.cfg.batch,
-			Concurrency: r.cfg.concurrency,
-			WorkerID:    fmt.Sprintf("bench-%d", i),
-			PollMin:     r.cfg.poll,
-			PollMax:     max(r.cfg.poll, 100*time.Millisecond),
+			BatchSize:      r.cfg.batch,
+			Concurrency:    r.cfg.concurrency,
+			WorkerID:       fmt.Sprintf("bench-%d", i),
+			PollMin:        r.cfg.poll,
+			PollMax:        max(r.cfg.poll, 100*time.Millisecond),
+			Lease:          r.cfg.lease,
+			PublishTimeout: r.cfg.publishTimeout,
 		}, nil)
 		if err != nil {
 			cancel()
