@@ -87,7 +87,6 @@ type event struct {
 type extension struct {
 	started  time.Time
 	groups   []*group
-	next     []int32 // each group's next when the extension started
 	batches  []*batch
 	ids      []int64
 	extended []int64
@@ -113,6 +112,11 @@ type session struct {
 
 	lanes         sync.WaitGroup
 	completerDone chan struct{}
+
+	// extDone is closed, and replaced, each time an extension returns: lanes
+	// whose lease runs short wait on it.
+	extMu   sync.Mutex
+	extDone chan struct{}
 
 	mu     sync.Mutex
 	result RunOnceResult
@@ -141,10 +145,11 @@ func (f *Forwarder) newSession(ctx context.Context, once bool) (*session, contex
 		once:          once,
 		stop:          ctx,
 		events:        make(chan event, 64),
-		work:          make(chan *group),
+		work:          make(chan *group, f.config.Concurrency),
 		acks:          make(chan ackItem, f.config.MaxInFlight),
 		completerDone: make(chan struct{}),
 		keys:          make(map[string][]*group),
+		extDone:       make(chan struct{}),
 		poll:          f.config.PollMin,
 	}
 	// Publishes outlive ctx by ShutdownTimeout so that a graceful stop lets
@@ -192,13 +197,14 @@ func (s *session) run() {
 		if s.finished() {
 			return
 		}
+		// Lanes start as work needs them, up to Concurrency.
+		for s.nLanes < s.cfg.Concurrency && s.running+len(s.ready) > s.nLanes {
+			s.nLanes++
+			s.lanes.Go(s.supervise)
+		}
 		var work chan *group
 		var next *group
 		if len(s.ready) > 0 {
-			if s.running >= s.nLanes && s.nLanes < s.cfg.Concurrency {
-				s.nLanes++
-				s.lanes.Go(s.supervise)
-			}
 			work, next = s.work, s.ready[0]
 		}
 		select {
@@ -206,8 +212,21 @@ func (s *session) run() {
 			s.ready[0] = nil
 			s.ready = s.ready[1:]
 			s.running++
+			s.dispatch()
 		case ev := <-s.events:
 			s.handle(ev)
+			// Whatever else is queued is handled in the same turn of the
+			// loop: one wake-up for a burst of finished groups and acks.
+			for range cap(s.events) {
+				select {
+				case ev := <-s.events:
+					s.handle(ev)
+					continue
+				default:
+				}
+				break
+			}
+			s.dispatch()
 		case <-timerC:
 		case <-wake:
 			s.poll = s.cfg.PollMin
@@ -218,6 +237,20 @@ func (s *session) run() {
 			stopC = nil
 			s.stopping = true
 			s.releaseWaiting()
+		}
+	}
+}
+
+// dispatch hands ready groups to the lanes while the work channel has room.
+func (s *session) dispatch() {
+	for len(s.ready) > 0 && s.running < s.nLanes+cap(s.work) {
+		select {
+		case s.work <- s.ready[0]:
+			s.ready[0] = nil
+			s.ready = s.ready[1:]
+			s.running++
+		default:
+			return
 		}
 	}
 }
@@ -423,7 +456,6 @@ func (s *session) extend() {
 				continue
 			}
 			x.groups = append(x.groups, g)
-			x.next = append(x.next, g.next.Load())
 			for i := range g.records {
 				x.ids = append(x.ids, g.records[i].ID)
 			}
@@ -443,6 +475,12 @@ func (s *session) extend() {
 
 func (s *session) extended(x *extension) {
 	s.extending = false
+	defer func() {
+		s.extMu.Lock()
+		close(s.extDone)
+		s.extDone = make(chan struct{})
+		s.extMu.Unlock()
+	}()
 	if x.err != nil {
 		// The lanes stop the groups whose lease runs short.
 		s.f.logger.Error("Lease extension failed; groups stop before their lease runs out", x.err, watermill.LogFields{"records": len(x.ids)})
@@ -452,8 +490,11 @@ func (s *session) extended(x *extension) {
 	for _, id := range x.extended {
 		kept[id] = struct{}{}
 	}
-	for i, g := range x.groups {
-		for j := int(x.next[i]); j < len(g.records); j++ {
+	for _, g := range x.groups {
+		// Read next now, not when the extension started: a record published
+		// and acked meanwhile is missing from the result without being lost,
+		// while one still untried now was untried all along.
+		for j := int(g.next.Load()); j < len(g.records); j++ {
 			if _, ok := kept[g.records[j].ID]; !ok {
 				if !g.lost.Swap(true) {
 					s.f.logger.Error("Lease lost: the group stops and leaves its records to their new holder", ErrLeaseLost, watermill.LogFields{
@@ -640,6 +681,23 @@ func (l *lane) work() {
 	}
 }
 
+// awaitExtension waits for the next extension to return, and reports whether
+// it did before deadline (or a stop).
+func (s *session) awaitExtension(deadline time.Time) bool {
+	s.extMu.Lock()
+	ch := s.extDone
+	s.extMu.Unlock()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+	case <-s.stop.Done():
+	}
+	return false
+}
+
 func (s *session) finish(g *group) {
 	s.events <- event{kind: evFinished, g: g}
 }
@@ -677,7 +735,14 @@ func (l *lane) publishGroup(g *group, from int) bool {
 		now := time.Now()
 		if deadline := time.Unix(0, g.b.deadline.Load()); !now.Add(max(timeout, 0)).Before(deadline) {
 			// The publish could outlive the lease: another forwarder might
-			// claim the record meanwhile. Give the rest back untried.
+			// claim the record meanwhile. Wait for the next extension while
+			// the lease lasts (a slow storage then slows the group down
+			// instead of turning every group into a release), else give the
+			// rest back untried.
+			if now.Before(deadline) && s.awaitExtension(deadline) {
+				i-- // check this record again
+				continue
+			}
 			f.logger.Error("Lease runs out before the next publish could finish; the group's rest is released", ErrLeaseLost, watermill.LogFields{
 				"key": g.key, "outbox_id": rec.ID, "lease_left": deadline.Sub(now), "publish_timeout": timeout,
 			})
