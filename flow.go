@@ -440,7 +440,9 @@ func (s *session) extend() {
 	}
 	clear(s.batches[len(live):])
 	s.batches = live
-	if s.extending || s.stopping || len(live) == 0 {
+	// Extensions go on while stopping: publishes finishing within
+	// ShutdownTimeout still need their lease for the ack.
+	if s.extending || len(live) == 0 {
 		return
 	}
 	now := time.Now()
