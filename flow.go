@@ -133,9 +133,12 @@ type session struct {
 	extending bool
 	claims    int
 	claimAt   time.Time
-	poll      time.Duration
-	stopping  bool
-	throttled bool // claims paused for abandoned publishes (logged once)
+	// settleFloor: a settling group brings the next claim forward, but not
+	// before settleFloor (PollMin after the last empty claim).
+	settleFloor time.Time
+	poll        time.Duration
+	stopping    bool
+	throttled   bool // claims paused for abandoned publishes (logged once)
 }
 
 func (f *Forwarder) newSession(ctx context.Context, once bool) (*session, context.CancelFunc) {
@@ -335,6 +338,7 @@ func (s *session) claimed(ev event) {
 	}
 	if len(ev.records) == 0 {
 		s.claimAt = now.Add(s.poll)
+		s.settleFloor = now.Add(s.cfg.PollMin)
 		s.poll = min(time.Duration(float64(s.poll)*s.cfg.PollFactor), s.cfg.PollMax)
 		return
 	}
@@ -383,9 +387,11 @@ func (s *session) settle(g *group, n int) {
 	}
 	s.inFlight -= n
 	g.b.unsettled -= n
-	if g.settled() {
-		// A key is free again: what was held back behind it may be claimable.
-		s.claimAt = time.Time{}
+	if g.settled() && s.claimAt.After(s.settleFloor) {
+		// A key is free again: what was held back behind it may be
+		// claimable. After an empty claim, not before PollMin though: a
+		// stream of settling groups must not turn into a stream of claims.
+		s.claimAt = s.settleFloor
 	}
 }
 

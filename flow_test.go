@@ -24,14 +24,33 @@ import (
 // SQLite write-backs sometimes took 1-3 s, longer than the lease itself,
 // which no design survives: an ack that lands after the lease is a lost ack.)
 func hotConfig() txoutbox.ForwarderConfig {
+	return hotConfigFor("")
+}
+
+// hotConfigFor is hotConfig for a backend, and the publish delay that makes
+// its hot group outlast the lease: SQLite (modernc, pure Go) under -race on a
+// loaded machine took up to 4 s a statement, so it gets a 6 s lease and
+// 25 ms publishes (a group of 300 takes 7.5 s).
+func hotConfigFor(backend string) txoutbox.ForwarderConfig {
 	cfg := fastConfig()
 	cfg.BatchSize = 100
+	cfg.PollMin, cfg.PollMax = 20*time.Millisecond, 200*time.Millisecond
 	cfg.Lease = 2 * time.Second
 	// Generous: a publish that outruns its timeout is abandoned and retried,
 	// a duplicate the contract allows (a hung publish), and a 10 ms publish
 	// can take 100 ms on a loaded machine with -race.
 	cfg.PublishTimeout = 500 * time.Millisecond
+	if backend == "sqlite" {
+		cfg.Lease, cfg.PublishTimeout = 6*time.Second, time.Second
+	}
 	return cfg
+}
+
+func hotDelay(backend string) time.Duration {
+	if backend == "sqlite" {
+		return 25 * time.Millisecond
+	}
+	return 10 * time.Millisecond
 }
 
 // checkExactlyOnce fails unless every id was published exactly once and, per
@@ -61,7 +80,7 @@ func checkExactlyOnce(t *testing.T, ids []int64, got []delivery) {
 	}
 }
 
-// runHot runs n forwarders over recs, published 10 ms each, until every record
+// runHot runs n forwarders over recs, published 10 ms each (SQLite: 25), until every record
 // is delivered, and checks each was published once, in order, none
 // dead-lettered. With the round model a group longer than the lease was
 // claimed again by the other forwarders and published many times over.
@@ -69,9 +88,9 @@ func runHot(t *testing.T, b backend, forwarders int, recs []storage.Record) {
 	s := b.new(t)
 	ids := b.insert(t, s, recs...)
 	target := newRecorder()
-	target.delay = 10 * time.Millisecond
+	target.delay = hotDelay(b.name)
 	var dead atomic.Int64
-	cfg := hotConfig()
+	cfg := hotConfigFor(b.name)
 	cfg.OnOutcome = func(o txoutbox.Outcome) {
 		if o.Kind == txoutbox.OutcomeDeadLettered {
 			dead.Add(1)
