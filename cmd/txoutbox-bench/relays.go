@@ -87,7 +87,11 @@ func (r *txoRelay) Setup(ctx context.Context) error {
 	if r.prodPool, err = newPool(ctx, r.cfg.url, max(r.cfg.producers, 1)+1); err != nil {
 		return err
 	}
-	if r.fwdPool, err = newPool(ctx, r.cfg.url, 2*max(r.cfg.forwarders, 1)+1); err != nil {
+	// A forwarder may hold three connections at once: its claim, its ack and
+	// its lease extension run concurrently (plus a lane's nack or release).
+	// An ack or an extension that waits for a connection behind the claims
+	// can land after the lease.
+	if r.fwdPool, err = newPool(ctx, r.cfg.url, 4*max(r.cfg.forwarders, 1)+1); err != nil {
 		return err
 	}
 	pc := postgres.Config{Table: r.cfg.name, DisableStrictOrdering: !r.cfg.strict, DeleteOnAck: r.cfg.deleteOnAck}
