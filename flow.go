@@ -139,6 +139,8 @@ type session struct {
 	poll        time.Duration
 	stopping    bool
 	throttled   bool // claims paused for abandoned publishes (logged once)
+	// wokenDuringClaim: Wake was called while a claim was in flight.
+	wokenDuringClaim bool
 }
 
 func (f *Forwarder) newSession(ctx context.Context, once bool) (*session, context.CancelFunc) {
@@ -234,6 +236,9 @@ func (s *session) run() {
 		case <-wake:
 			s.poll = s.cfg.PollMin
 			s.claimAt = time.Time{}
+			// A claim in flight may have read the table before what woke us
+			// was committed: its empty answer must not put the wake-up off.
+			s.wokenDuringClaim = s.claiming
 		case <-tick.C:
 			s.extend()
 		case <-stopC:
@@ -334,6 +339,13 @@ func (s *session) claimed(ev event) {
 		} else {
 			s.f.logger.Error("Claim failed; waiting before the next one", err, watermill.LogFields{"delay": s.cfg.StorageErrorDelay})
 		}
+		return
+	}
+	woken := s.wokenDuringClaim
+	s.wokenDuringClaim = false
+	if len(ev.records) == 0 && woken {
+		s.poll = s.cfg.PollMin
+		s.claimAt = time.Time{}
 		return
 	}
 	if len(ev.records) == 0 {

@@ -29,8 +29,10 @@ func hotConfig() txoutbox.ForwarderConfig {
 
 // hotConfigFor is hotConfig for a backend, and the publish delay that makes
 // its hot group outlast the lease: SQLite (modernc, pure Go) under -race on a
-// loaded machine took up to 4 s a statement, so it gets a 6 s lease and
-// 25 ms publishes (a group of 300 takes 7.5 s).
+// loaded machine took up to 4 s a statement, and PostgreSQL with 2 s leases
+// still gave a few duplicates at load 13 (acks landing after the lease is
+// the suspected cause, not proven), so both get a 6 s lease and 25 ms
+// publishes (a group of 300 takes 7.5 s).
 func hotConfigFor(backend string) txoutbox.ForwarderConfig {
 	cfg := fastConfig()
 	cfg.BatchSize = 100
@@ -40,14 +42,14 @@ func hotConfigFor(backend string) txoutbox.ForwarderConfig {
 	// a duplicate the contract allows (a hung publish), and a 10 ms publish
 	// can take 100 ms on a loaded machine with -race.
 	cfg.PublishTimeout = 500 * time.Millisecond
-	if backend == "sqlite" {
+	if backend == "sqlite" || backend == "postgres" {
 		cfg.Lease, cfg.PublishTimeout = 6*time.Second, time.Second
 	}
 	return cfg
 }
 
 func hotDelay(backend string) time.Duration {
-	if backend == "sqlite" {
+	if backend == "sqlite" || backend == "postgres" {
 		return 25 * time.Millisecond
 	}
 	return 10 * time.Millisecond
