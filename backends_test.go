@@ -270,7 +270,10 @@ func testPool(t *testing.T) *pgxpool.Pool {
 			poolErr = err
 			return
 		}
-		cfg.MaxConns = 20
+		// A forwarder holds up to three connections at once (claim, ack,
+		// lease extension), and parallel cases run four forwarders each: a
+		// starved ack lands after its lease and the record is published twice.
+		cfg.MaxConns = 40
 		pool, poolErr = pgxpool.NewWithConfig(context.Background(), cfg)
 		if poolErr == nil {
 			poolErr = pool.Ping(context.Background())

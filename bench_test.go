@@ -3,6 +3,9 @@ package txoutbox_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,6 +125,68 @@ func BenchmarkForwarderRoundHotKey(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/round")
+		})
+	}
+}
+
+// streamStorage hands out fresh records on every claim, as many as asked,
+// and counts acks: the forwarder's continuous flow over a bottomless table.
+type streamStorage struct {
+	mu    sync.Mutex
+	next  int64
+	keys  int
+	acked atomic.Int64
+	rec   storage.Record
+}
+
+func (s *streamStorage) Claim(_ context.Context, p storage.ClaimParams) ([]storage.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]storage.Record, p.BatchSize)
+	for i := range out {
+		s.next++
+		out[i] = s.rec
+		out[i].ID = s.next
+		if s.keys > 0 {
+			out[i].Key = "key-" + strconv.Itoa(int(s.next)%s.keys)
+		}
+	}
+	return out, nil
+}
+func (s *streamStorage) Ack(_ context.Context, p storage.AckParams) error {
+	s.acked.Add(int64(len(p.IDs)))
+	return nil
+}
+func (s *streamStorage) Nack(context.Context, storage.NackParams) error             { return nil }
+func (s *streamStorage) Release(context.Context, storage.ReleaseParams) error       { return nil }
+func (s *streamStorage) DeadLetter(context.Context, storage.DeadLetterParams) error { return nil }
+func (s *streamStorage) Extend(_ context.Context, p storage.ExtendParams) ([]int64, error) {
+	return p.IDs, nil
+}
+
+// BenchmarkForwarderRun measures Run's continuous flow with a no-op target:
+// one op is one message published and acked (ns/op is ns/msg).
+func BenchmarkForwarderRun(b *testing.B) {
+	for _, keys := range []int{0, 1000} {
+		b.Run(fmt.Sprintf("batch=100/keys=%d", keys), func(b *testing.B) {
+			s := &streamStorage{keys: keys, rec: storage.Record{
+				UUID: "uuid", Topic: "orders", Payload: make([]byte, 256), Metadata: map[string]string{"a": "b"}, Attempts: 1, CreatedAt: time.Now(),
+			}}
+			f, err := txoutbox.NewForwarder(s, nopPublisher{}, txoutbox.ForwarderConfig{}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			b.ReportAllocs()
+			b.ResetTimer()
+			go func() { defer close(done); _ = f.Run(ctx) }()
+			for s.acked.Load() < int64(b.N) {
+				time.Sleep(100 * time.Microsecond)
+			}
+			b.StopTimer()
+			cancel()
+			<-done
 		})
 	}
 }

@@ -26,6 +26,10 @@ const (
 	ShutdownTimeoutDefault    = 10 * time.Second
 	BookkeepingTimeoutDefault = 10 * time.Second
 
+	// MaxInFlightBatchesDefault is MaxInFlight's default in batches: the
+	// default bound is MaxInFlightBatchesDefault x BatchSize records.
+	MaxInFlightBatchesDefault = 2
+
 	BackoffBaseDefault   = time.Second
 	BackoffFactorDefault = 2.0
 	BackoffMaxDefault    = 5 * time.Minute
@@ -93,14 +97,24 @@ func (b Backoff) Delay(attempt int) time.Duration {
 // ForwarderConfig configures a [Forwarder]. The zero value is usable: every zero
 // field takes its default.
 type ForwarderConfig struct {
-	// BatchSize is how many records one round claims. Defaults to 100.
+	// BatchSize is the most records one claim takes. Defaults to 100.
 	BatchSize int
+	// MaxInFlight bounds the records claimed and not yet written back
+	// (published and acked, nacked, released or dead-lettered). The forwarder
+	// claims min(BatchSize, MaxInFlight - in flight) records whenever there is
+	// room for half a batch, so that work keeps flowing while slow keys
+	// finish. Defaults to MaxInFlightBatchesDefault (2) x BatchSize.
+	MaxInFlight int
 	// Lease is how long claimed records stay leased to this forwarder; another
-	// forwarder may claim them after it expires. A round must finish inside it.
-	// Defaults to 30s.
+	// forwarder may claim them after it expires. The forwarder renews the
+	// leases of the records it still holds every Lease/5, so a long key group
+	// keeps its records; a record is published only if its publish can end
+	// (PublishTimeout) before the lease runs out, else the rest of its group
+	// is released. Defaults to 30s.
 	Lease time.Duration
-	// Concurrency is how many key groups are published in parallel. Inside a
-	// group, records are published one after another in id order. Defaults to 16.
+	// Concurrency is how many key groups are published in parallel (lanes).
+	// Inside a group, records are published one after another in id order; a
+	// new group of a key already in a lane waits behind it. Defaults to 16.
 	Concurrency int
 	// MaxAttempts is the number of attempts after which a failing record is
 	// dead-lettered. Defaults to 10.
@@ -109,17 +123,26 @@ type ForwarderConfig struct {
 	Backoff Backoff
 	// PublishTimeout bounds each publish, middleware included. The message's
 	// context carries the deadline; targets that ignore it are abandoned at the
-	// deadline and the record is retried. Defaults to 5s; NoPublishTimeout
-	// turns it off.
+	// deadline and the record is retried. It must be at most Lease/2, so that
+	// the lease renewal keeps ahead of the publishes. Defaults to 5s;
+	// NoPublishTimeout turns it off (a hung publish then holds its lane).
 	PublishTimeout time.Duration
-	// PollMin is the idle sleep after a round that found work. Defaults to 50ms.
+	// MaxAbandonedPublishes bounds the publishes abandoned at their timeout
+	// whose target ignores the context and keeps running (see
+	// Forwarder.AbandonedPublishes): at the bound the forwarder claims nothing
+	// and its lanes release their groups' rest until some end, so at most
+	// MaxAbandonedPublishes+Concurrency goroutines are ever stuck in the
+	// target. Defaults to Concurrency.
+	MaxAbandonedPublishes int
+	// PollMin is the first idle sleep after a claim found nothing. Defaults
+	// to 50ms.
 	PollMin time.Duration
 	// PollMax caps the idle sleep while the table stays empty. Defaults to 5s.
 	PollMax time.Duration
-	// PollFactor multiplies the idle sleep after each empty round; >= 1.
+	// PollFactor multiplies the idle sleep after each empty claim; >= 1.
 	// Defaults to 2.
 	PollFactor float64
-	// StorageErrorDelay is the wait after a storage error before the next round.
+	// StorageErrorDelay is the wait after a failed claim before the next one.
 	// Defaults to 1s.
 	StorageErrorDelay time.Duration
 	// ShutdownTimeout bounds how long in-flight publishes may run after Run's
@@ -141,22 +164,20 @@ type ForwarderConfig struct {
 	Middlewares []message.HandlerMiddleware
 	// OnOutcome, if set, is called with the outcome of every claimed record
 	// once it is written back, including the records that never reach the
-	// middleware (released, undecodable, timed out). It runs on the round's
-	// goroutines: keep it fast and safe for concurrent use. The metrics
-	// middleware uses it for exact retry and dead-letter counts.
+	// middleware (released, undecodable, timed out). It runs on the
+	// forwarder's goroutines: keep it fast and safe for concurrent use. The
+	// metrics middleware uses it for exact retry and dead-letter counts.
 	OnOutcome func(Outcome)
-	// OnRound, if set, is called after each round that claimed records.
-	OnRound func(RoundResult)
 }
-
-// ErrLeaseTooShort is logged (not returned) when the configuration cannot
-// finish a worst-case round inside its lease, and when a round outran it.
-var ErrLeaseTooShort = errors.New("lease shorter than a round")
 
 func (c *ForwarderConfig) setDefaults() {
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	if c.BatchSize > 0 {
+		c.MaxInFlight = cmp.Or(c.MaxInFlight, MaxInFlightBatchesDefault*c.BatchSize)
+	}
 	c.Lease = cmp.Or(c.Lease, LeaseDefault)
 	c.Concurrency = cmp.Or(c.Concurrency, ConcurrencyDefault)
+	c.MaxAbandonedPublishes = cmp.Or(c.MaxAbandonedPublishes, c.Concurrency)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
 	c.Backoff.setDefaults()
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
@@ -184,12 +205,21 @@ func (c ForwarderConfig) Validate() error {
 	if c.Concurrency <= 0 {
 		errs = append(errs, fmt.Errorf("Concurrency must be > 0, got %d", c.Concurrency))
 	}
+	if c.MaxInFlight <= 0 {
+		errs = append(errs, fmt.Errorf("MaxInFlight must be > 0, got %d", c.MaxInFlight))
+	}
+	if c.MaxAbandonedPublishes <= 0 {
+		errs = append(errs, fmt.Errorf("MaxAbandonedPublishes must be > 0, got %d", c.MaxAbandonedPublishes))
+	}
 	if c.MaxAttempts <= 0 {
 		errs = append(errs, fmt.Errorf("MaxAttempts must be > 0, got %d", c.MaxAttempts))
 	}
 	positive("Lease", c.Lease)
 	if c.PublishTimeout != NoPublishTimeout {
 		positive("PublishTimeout", c.PublishTimeout)
+		if c.Lease > 0 && c.PublishTimeout > c.Lease/2 {
+			errs = append(errs, fmt.Errorf("PublishTimeout (%s) must be <= Lease/2 (%s), so that leases are renewed ahead of the publishes (raise Lease or lower PublishTimeout)", c.PublishTimeout, c.Lease/2))
+		}
 	}
 	positive("PollMin", c.PollMin)
 	positive("StorageErrorDelay", c.StorageErrorDelay)
@@ -216,14 +246,4 @@ func (c ForwarderConfig) Validate() error {
 		return fmt.Errorf("invalid forwarder config: %w", err)
 	}
 	return nil
-}
-
-// worstCaseRound is how long a round may take when every publish runs to its
-// timeout: ceil(BatchSize/Concurrency) publishes one after another.
-func (c ForwarderConfig) worstCaseRound() time.Duration {
-	if c.PublishTimeout <= 0 {
-		return 0
-	}
-	serial := (c.BatchSize + c.Concurrency - 1) / c.Concurrency
-	return time.Duration(serial) * c.PublishTimeout
 }

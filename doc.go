@@ -16,7 +16,11 @@
 //     another in id order; a failure holds back the rest of its key (released
 //     untried, no attempt burned). With a strict-ordering storage this holds
 //     across retries and across forwarders. Keyless records are independent.
-//   - Leases bound duplicates: a round must finish inside its lease.
+//   - Leases bound duplicates: the forwarder renews the leases of the records it
+//     holds and publishes a record only while its lease outlasts the publish,
+//     so a duplicate needs a crash, a lost ack or a hung publish. Such a
+//     redelivery can arrive after later records of its key: a consumer that
+//     deduplicates by UUID sees the ordered stream.
 //   - Retry times use the application clock and are compared with the
 //     database's clock.
 //

@@ -400,7 +400,7 @@ func TestForwarderGracefulShutdown(t *testing.T) {
 			f := newForwarder(t, s, target, cfg)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
-			var res txoutbox.RoundResult
+			var res txoutbox.RunOnceResult
 			var err error
 			go func() { res, err = f.RunOnce(ctx); close(done) }()
 			<-entered
@@ -704,22 +704,25 @@ func TestForwarderConfigValidation(t *testing.T) {
 	}
 }
 
-func TestForwarderWarnsWhenLeaseTooShort(t *testing.T) {
+// The zero config must not warn against itself (it used to log
+// ErrLeaseTooShort from every NewForwarder), and a PublishTimeout that leaves
+// the lease renewal no room is refused, naming the field and the bound.
+func TestForwarderZeroConfigDoesNotWarn(t *testing.T) {
 	logger := &captureLogger{}
-	cfg := txoutbox.ForwarderConfig{BatchSize: 100, Concurrency: 10, PublishTimeout: time.Second, Lease: 5 * time.Second}
-	if _, err := txoutbox.NewForwarder(&countingStorage{}, newRecorder(), cfg, logger); err != nil {
+	f, err := txoutbox.NewForwarder(&countingStorage{}, newRecorder(), txoutbox.ForwarderConfig{}, logger)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if !logger.has(txoutbox.ErrLeaseTooShort) {
-		t.Fatal("no warning for ceil(100/10)*1s = 10s > 5s lease")
+	if n := logger.count(); n != 0 {
+		t.Fatalf("zero config logged %d errors, want none", n)
 	}
-	logger = &captureLogger{}
-	cfg.Lease = 11 * time.Second
-	if _, err := txoutbox.NewForwarder(&countingStorage{}, newRecorder(), cfg, logger); err != nil {
-		t.Fatal(err)
+	cfg := f.Config()
+	if cfg.MaxInFlight != txoutbox.MaxInFlightBatchesDefault*txoutbox.BatchSizeDefault || cfg.MaxAbandonedPublishes != txoutbox.ConcurrencyDefault {
+		t.Errorf("defaults MaxInFlight %d, MaxAbandonedPublishes %d", cfg.MaxInFlight, cfg.MaxAbandonedPublishes)
 	}
-	if logger.has(txoutbox.ErrLeaseTooShort) {
-		t.Fatal("warning although 10s fits in an 11s lease")
+	_, err = txoutbox.NewForwarder(&countingStorage{}, newRecorder(), txoutbox.ForwarderConfig{Lease: 500 * time.Millisecond, PublishTimeout: 500 * time.Millisecond}, nil)
+	if err == nil || !strings.Contains(err.Error(), "PublishTimeout") || !strings.Contains(err.Error(), "Lease/2 (250ms)") {
+		t.Fatalf("PublishTimeout 500ms with Lease 500ms: err %v, want one naming PublishTimeout and Lease/2 (250ms)", err)
 	}
 }
 
@@ -764,12 +767,27 @@ func (c *countingStorage) Claim(ctx context.Context, p storage.ClaimParams) ([]s
 type captureLogger struct {
 	mu   sync.Mutex
 	errs []error
+	msgs []string
 }
 
 func (l *captureLogger) Error(msg string, err error, fields watermill.LogFields) {
 	l.mu.Lock()
 	l.errs = append(l.errs, err)
+	l.msgs = append(l.msgs, msg)
 	l.mu.Unlock()
+}
+
+// countMsg counts the errors logged with a message that starts with prefix.
+func (l *captureLogger) countMsg(prefix string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.msgs {
+		if strings.HasPrefix(m, prefix) {
+			n++
+		}
+	}
+	return n
 }
 func (l *captureLogger) Info(string, watermill.LogFields)  {}
 func (l *captureLogger) Debug(string, watermill.LogFields) {}
@@ -786,6 +804,12 @@ func (l *captureLogger) has(target error) bool {
 		}
 	}
 	return false
+}
+
+func (l *captureLogger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.errs)
 }
 
 func errorsIs(err, target error) bool { return errors.Is(err, target) }
@@ -809,6 +833,8 @@ func TestForwarderTimeoutAbandonsLaneAndGoesOn(t *testing.T) {
 			})
 			cfg := fastConfig()
 			cfg.Concurrency = 1 // the replacement lane must take over the other groups
+			// One abandoned publish is below the bound: the lanes go on.
+			cfg.MaxAbandonedPublishes = 2
 			cfg.PublishTimeout = 100 * time.Millisecond
 			res, err := newForwarder(t, s, target, cfg).RunOnce(context.Background())
 			if err != nil {
@@ -902,11 +928,12 @@ func TestForwarderHardStopAbandonsHungPublish(t *testing.T) {
 			cfg := fastConfig()
 			cfg.Concurrency = 1
 			cfg.PublishTimeout = time.Minute
+			cfg.Lease = 2 * time.Minute
 			cfg.ShutdownTimeout = 100 * time.Millisecond
 			f := newForwarder(t, s, target, cfg)
 			ctx, cancel := context.WithCancel(context.Background())
 			type out struct {
-				res txoutbox.RoundResult
+				res txoutbox.RunOnceResult
 				err error
 			}
 			done := make(chan out, 1)
@@ -955,7 +982,6 @@ func TestForwarderOnOutcomeReportsEveryRecord(t *testing.T) {
 			})
 			var mu sync.Mutex
 			got := map[int64]txoutbox.OutcomeKind{}
-			var rounds []txoutbox.RoundResult
 			cfg := fastConfig()
 			cfg.MaxAttempts = 1
 			cfg.OnOutcome = func(o txoutbox.Outcome) {
@@ -966,9 +992,9 @@ func TestForwarderOnOutcomeReportsEveryRecord(t *testing.T) {
 				}
 				got[o.Record.ID] = o.Kind
 			}
-			cfg.OnRound = func(r txoutbox.RoundResult) { mu.Lock(); rounds = append(rounds, r); mu.Unlock() }
 			// Record 1 fails on its last attempt: dead-lettered, and its key goes on.
-			if _, err := newForwarder(t, s, target, cfg).RunOnce(context.Background()); err != nil {
+			res, err := newForwarder(t, s, target, cfg).RunOnce(context.Background())
+			if err != nil {
 				t.Fatal(err)
 			}
 			want := map[int64]txoutbox.OutcomeKind{
@@ -978,8 +1004,8 @@ func TestForwarderOnOutcomeReportsEveryRecord(t *testing.T) {
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("outcomes %v, want %v", got, want)
 			}
-			if len(rounds) != 1 || rounds[0].Claimed != 4 {
-				t.Errorf("OnRound got %+v, want one round of 4", rounds)
+			if res.Claimed != 4 || res.Published != 2 || res.DeadLettered != 2 {
+				t.Errorf("RunOnce = %+v, want 4 claimed, 2 published, 2 dead-lettered", res)
 			}
 		})
 	}

@@ -32,8 +32,9 @@ var (
 	ErrEmptyTopic = errors.New("empty topic")
 	// ErrPayloadTooLarge: a payload over PublisherConfig.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("payload too large")
-	// ErrInvalidMessage: a message that cannot be stored (empty UUID, text that
-	// is not valid UTF-8 or holds NUL bytes, a failing KeyFunc, ...).
+	// ErrInvalidMessage: a message that cannot be stored (a nil message, an
+	// empty UUID, text that is not valid UTF-8 or holds NUL bytes, metadata
+	// the forwarder reserves, a failing KeyFunc, ...).
 	ErrInvalidMessage = errors.New("invalid message")
 )
 
@@ -131,7 +132,10 @@ func TxFromContext(ctx context.Context) (any, bool) {
 }
 
 // Publish writes one outbox record per message in one round trip. It validates
-// every message first and writes nothing if any is invalid.
+// every message first and writes nothing if any is invalid: a nil message, or
+// metadata named MetadataOutboxID, MetadataAttempt or MetadataCreatedAt
+// (reserved: the forwarder sets them), is an error wrapping ErrInvalidMessage.
+// MetadataKey is not reserved: it is how producers set the ordering key.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.closed.Load() {
 		return ErrPublisherClosed
@@ -144,6 +148,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	if len(msgs) == 0 {
 		return nil
+	}
+	for i, msg := range msgs {
+		if msg == nil {
+			return fmt.Errorf("publish to %q: message %d: %w: nil message", topic, i, ErrInvalidMessage)
+		}
 	}
 
 	tx := p.tx
@@ -179,9 +188,6 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 }
 
 func (p *Publisher) record(topic string, msg *message.Message) (storage.Record, error) {
-	if msg == nil {
-		return storage.Record{}, fmt.Errorf("%w: nil message", ErrInvalidMessage)
-	}
 	if p.config.Decorate != nil {
 		if err := p.config.Decorate(msg); err != nil {
 			return storage.Record{}, fmt.Errorf("%w: decorate: %w", ErrInvalidMessage, err)
@@ -212,6 +218,9 @@ func (p *Publisher) record(topic string, msg *message.Message) (storage.Record, 
 	if len(msg.Metadata) > 0 {
 		metadata = make(map[string]string, len(msg.Metadata))
 		for k, v := range msg.Metadata {
+			if reservedMetadata(k) {
+				return storage.Record{}, fmt.Errorf("%w: metadata %q is reserved: the forwarder sets it on every message it publishes", ErrInvalidMessage, k)
+			}
 			if !validText(k) || !validText(v) {
 				return storage.Record{}, fmt.Errorf("%w: metadata %q is not valid UTF-8 or holds a NUL byte", ErrInvalidMessage, k)
 			}
@@ -225,6 +234,12 @@ func (p *Publisher) record(topic string, msg *message.Message) (storage.Record, 
 		Payload:  msg.Payload,
 		Metadata: metadata,
 	}, nil
+}
+
+// reservedMetadata reports whether k is a metadata name the forwarder sets
+// itself; MetadataKey is not reserved: it is how producers set the key.
+func reservedMetadata(k string) bool {
+	return k == MetadataOutboxID || k == MetadataAttempt || k == MetadataCreatedAt
 }
 
 // sameTx reports whether a and b are the same transaction; a transaction type

@@ -3,6 +3,7 @@ package txoutbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -61,5 +62,50 @@ func TestPublisherContextBinding(t *testing.T) {
 	}
 	if _, err := txoutbox.NewPublisher(ins, txoutbox.PublisherConfig{MaxPayloadBytes: -5}); err == nil {
 		t.Error("negative MaxPayloadBytes accepted")
+	}
+}
+
+// A nil message used to panic (nil pointer in Publish); the forwarder's own
+// metadata names used to be silently overwritten. Both are refused now, with
+// nothing written; MetadataKey stays the producer's way to set the key.
+func TestPublisherRefusesNilAndReservedMetadata(t *testing.T) {
+	ins := &fakeInserter{}
+	pub, err := txoutbox.NewTxPublisher(ins, new(int), txoutbox.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	for name, msgs := range map[string][]*message.Message{
+		"nil":        {nil},
+		"nil second": {ok, nil},
+		"nil first":  {nil, ok},
+	} {
+		if err := pub.Publish("t", msgs...); !errors.Is(err, txoutbox.ErrInvalidMessage) {
+			t.Errorf("%s: %v, want ErrInvalidMessage", name, err)
+		}
+	}
+	// The context-bound publisher reads msgs[0].Context(): no panic either.
+	ctxPub, err := txoutbox.NewPublisher(ins, txoutbox.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctxPub.Publish("t", nil); !errors.Is(err, txoutbox.ErrInvalidMessage) {
+		t.Errorf("context-bound, nil: %v, want ErrInvalidMessage", err)
+	}
+	for _, name := range []string{txoutbox.MetadataOutboxID, txoutbox.MetadataAttempt, txoutbox.MetadataCreatedAt} {
+		m := message.NewMessage(watermill.NewUUID(), []byte("x"))
+		m.Metadata.Set(name, "producer's")
+		err := pub.Publish("t", ok, m)
+		if !errors.Is(err, txoutbox.ErrInvalidMessage) || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "reserved") {
+			t.Errorf("metadata %q: %v, want ErrInvalidMessage naming it reserved", name, err)
+		}
+	}
+	if ins.calls != 0 {
+		t.Fatalf("%d inserts, want nothing written", ins.calls)
+	}
+	m := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	m.Metadata.Set(txoutbox.MetadataKey, "order-1")
+	if err := pub.Publish("t", m); err != nil || ins.calls != 1 {
+		t.Fatalf("MetadataKey set by the producer: %v, %d inserts; want it accepted", err, ins.calls)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -102,6 +103,7 @@ type Metrics struct {
 	duration     *prometheus.HistogramVec
 	lag          *prometheus.HistogramVec
 	outcomes     *prometheus.CounterVec
+	abandoned    *abandonedCollector
 }
 
 // NewMetrics registers the forwarder metrics with reg and returns them.
@@ -144,7 +146,14 @@ func NewMetrics(reg prometheus.Registerer, config MetricsConfig) (*Metrics, erro
 		outcomes: counter("outcomes_total",
 			"What became of claimed records, as the forwarder wrote it back (set ForwarderConfig.OnOutcome = metrics.OnOutcome).", LabelTopic, LabelOutcome),
 	}
+	m.abandoned = &abandonedCollector{desc: prometheus.NewDesc(
+		prometheus.BuildFQName(Namespace, sub, "abandoned_publishes"),
+		"Publishes that outlived their timeout and still run in the target, which ignores their context (see Metrics.WatchForwarder); at the forwarder's MaxAbandonedPublishes it claims nothing.",
+		nil, config.ConstLabels)}
 	var err error
+	if m.abandoned, err = register(reg, m.abandoned); err != nil {
+		return nil, err
+	}
 	if m.published, err = register(reg, m.published); err != nil {
 		return nil, err
 	}
@@ -167,6 +176,36 @@ func NewMetrics(reg prometheus.Registerer, config MetricsConfig) (*Metrics, erro
 		return nil, err
 	}
 	return m, nil
+}
+
+// WatchForwarder adds f's abandoned publishes (Forwarder.AbandonedPublishes)
+// to the txoutbox_forwarder_abandoned_publishes gauge, read at each scrape.
+// Watch each forwarder of the process once.
+func (m *Metrics) WatchForwarder(f *txoutbox.Forwarder) {
+	m.abandoned.mu.Lock()
+	m.abandoned.forwarders = append(m.abandoned.forwarders, f)
+	m.abandoned.mu.Unlock()
+}
+
+// abandonedCollector is the abandoned publishes gauge: the sum over the
+// watched forwarders, read at each scrape. It is one collector per registry,
+// shared by the Metrics made with it.
+type abandonedCollector struct {
+	desc       *prometheus.Desc
+	mu         sync.Mutex
+	forwarders []*txoutbox.Forwarder
+}
+
+func (c *abandonedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *abandonedCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	n := 0
+	for _, f := range c.forwarders {
+		n += f.AbandonedPublishes()
+	}
+	c.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n))
 }
 
 // OnOutcome counts the forwarder's own outcome of every claimed record in

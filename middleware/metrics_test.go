@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -377,5 +378,41 @@ txoutbox_forwarder_outcomes_total{outcome="released",topic="orders"} 1
 `), "txoutbox_forwarder_outcomes_total")
 	if err != nil {
 		t.Error(err)
+	}
+}
+
+// The abandoned publishes gauge follows Forwarder.AbandonedPublishes: one
+// publish hung in a target that ignores its context counts until it returns.
+func TestMetricsAbandonedPublishesGauge(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t)
+	reg := prometheus.NewRegistry()
+	m := newMetrics(t, reg, 5)
+	o.publish(t, "orders", "k", "hangs")
+	hang := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(hang) })
+	p := newTarget(func(*message.Message, int) error { <-hang; return nil })
+	cfg := fastConfig(5)
+	cfg.PublishTimeout = 20 * time.Millisecond
+	f := newForwarder(t, o, p, cfg)
+	m.WatchForwarder(f)
+	const name = "txoutbox_forwarder_abandoned_publishes"
+	if got := value(t, reg, name, nil); got != 0 {
+		t.Fatalf("%s = %v before any publish, want 0", name, got)
+	}
+	if res, err := f.RunOnce(context.Background()); err != nil || res.Nacked != 1 {
+		t.Fatalf("RunOnce = %+v, %v; want the hung publish nacked at its timeout", res, err)
+	}
+	if got := value(t, reg, name, nil); got != 1 {
+		t.Fatalf("%s = %v while the publish hangs, want 1", name, got)
+	}
+	once.Do(func() { close(hang) })
+	deadline := time.Now().Add(10 * time.Second)
+	for value(t, reg, name, nil) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still %v after the target returned", name, value(t, reg, name, nil))
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -83,7 +83,7 @@ func TestQuickRunsEveryScenario(t *testing.T) {
 func messageWithUUID(uuid string) *message.Message { return message.NewMessage(uuid, nil) }
 
 func TestSinkCountsLossesDuplicatesAndReorders(t *testing.T) {
-	s := newSink(4, 2, 0, false)
+	s := newSink(4, 2, nil, 0, false)
 	pub := func(i int) {
 		if err := s.Publish("t", messageWithUUID(makeUUID(i))); err != nil {
 			t.Fatal(err)

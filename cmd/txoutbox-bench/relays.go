@@ -36,6 +36,8 @@ type relayConfig struct {
 	producers   int
 	forwarders  int
 	deleteOnAck bool // txoutbox only
+	// txoutbox only, 0 for the defaults
+	lease, publishTimeout time.Duration
 }
 
 // relay is one system under test.
@@ -85,7 +87,11 @@ func (r *txoRelay) Setup(ctx context.Context) error {
 	if r.prodPool, err = newPool(ctx, r.cfg.url, max(r.cfg.producers, 1)+1); err != nil {
 		return err
 	}
-	if r.fwdPool, err = newPool(ctx, r.cfg.url, 2*max(r.cfg.forwarders, 1)+1); err != nil {
+	// A forwarder may hold three connections at once: its claim, its ack and
+	// its lease extension run concurrently (plus a lane's nack or release).
+	// An ack or an extension that waits for a connection behind the claims
+	// can land after the lease.
+	if r.fwdPool, err = newPool(ctx, r.cfg.url, 4*max(r.cfg.forwarders, 1)+1); err != nil {
 		return err
 	}
 	pc := postgres.Config{Table: r.cfg.name, DisableStrictOrdering: !r.cfg.strict, DeleteOnAck: r.cfg.deleteOnAck}
@@ -120,11 +126,13 @@ func (r *txoRelay) Start(ctx context.Context, target message.Publisher) (func(),
 	var fwds []*txoutbox.Forwarder
 	for i := range max(r.cfg.forwarders, 1) {
 		f, err := txoutbox.NewForwarder(r.store, target, txoutbox.ForwarderConfig{
-			BatchSize:   r.cfg.batch,
-			Concurrency: r.cfg.concurrency,
-			WorkerID:    fmt.Sprintf("bench-%d", i),
-			PollMin:     r.cfg.poll,
-			PollMax:     max(r.cfg.poll, 100*time.Millisecond),
+			BatchSize:      r.cfg.batch,
+			Concurrency:    r.cfg.concurrency,
+			WorkerID:       fmt.Sprintf("bench-%d", i),
+			PollMin:        r.cfg.poll,
+			PollMax:        max(r.cfg.poll, 100*time.Millisecond),
+			Lease:          r.cfg.lease,
+			PublishTimeout: r.cfg.publishTimeout,
 		}, nil)
 		if err != nil {
 			cancel()

@@ -19,6 +19,7 @@ const metaSent = "bench_sent"
 type sink struct {
 	latency time.Duration
 	keys    int
+	keyOf   func(int) int // the key of a message index
 
 	counts   []atomic.Int32 // deliveries per message index
 	lastIdx  []atomic.Int64 // highest index delivered per key
@@ -40,10 +41,14 @@ type sink struct {
 	latencies     []time.Duration
 }
 
-func newSink(n, keys int, latency time.Duration, recordLatency bool) *sink {
+func newSink(n, keys int, keyOf func(int) int, latency time.Duration, recordLatency bool) *sink {
+	if keyOf == nil && keys > 0 {
+		keyOf = func(i int) int { return i % keys }
+	}
 	s := &sink{
 		latency:       latency,
 		keys:          keys,
+		keyOf:         keyOf,
 		counts:        make([]atomic.Int32, n),
 		target:        int64(n),
 		done:          make(chan struct{}),
@@ -75,7 +80,7 @@ func (s *sink) Publish(_ string, msgs ...*message.Message) error {
 		}
 		s.total.Add(1)
 		if s.keys > 0 {
-			last := &s.lastIdx[idx%s.keys]
+			last := &s.lastIdx[s.keyOf(idx)]
 			for {
 				cur := last.Load()
 				if int64(idx) < cur {

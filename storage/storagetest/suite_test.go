@@ -35,6 +35,7 @@ var mutants = map[string]string{
 	"claim-over-batch-size":   "a claim must not exceed its batch size",
 	"lease-ignored":           "a leased record is not claimable until its lease expires",
 	"no-fencing":              "(fencing)",
+	"extend-ignores-fencing":  "Extend only extends live leases held by the calling worker",
 	"nack-ignores-retry-at":   "a record is not claimable before it is due",
 	"release-keeps-attempt":   "Release gives the attempt back",
 	"dead-letter-retries":     "a dead-lettered record is never claimed again",
@@ -108,6 +109,27 @@ func (m *mutant) DeadLetter(ctx context.Context, p storage.DeadLetterParams) err
 		return m.Storage.Nack(ctx, storage.NackParams{ID: p.ID, WorkerID: p.WorkerID, Error: p.Error, RetryAt: time.Now()})
 	}
 	return m.Storage.DeadLetter(ctx, p)
+}
+
+// Extend, with "extend-ignores-fencing", extends every leased record for
+// whoever holds it, as if the caller did.
+func (m *mutant) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, error) {
+	if m.name != "extend-ignores-fencing" {
+		return m.Storage.Extend(ctx, p)
+	}
+	var extended []int64
+	for _, id := range p.IDs {
+		st, _ := m.Get(id)
+		if st.LeasedBy == "" {
+			continue
+		}
+		got, err := m.Storage.Extend(ctx, storage.ExtendParams{IDs: []int64{id}, WorkerID: st.LeasedBy, Lease: p.Lease})
+		if err != nil {
+			return nil, err
+		}
+		extended = append(extended, got...)
+	}
+	return extended, nil
 }
 
 // keylessAsKey stores keyless records under one key, so strict ordering holds

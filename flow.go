@@ -1,0 +1,831 @@
+package txoutbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// How the forwarder's work flows (one session per Run or RunOnce call):
+//
+//   - The dispatcher (the goroutine that called Run) owns the in-flight state:
+//     the claimed batches, the keys a lane is working on with the groups
+//     queued behind them, the ready groups, the count of unsettled records.
+//     Every other goroutine reports to it through the events channel.
+//   - Claims and lease extensions run one at a time on their own goroutine.
+//   - Lanes (up to Concurrency) pull ready groups and publish each one's
+//     records in order; a group of a key already in a lane waits behind it.
+//   - The completer acks published records: it takes the first that arrives,
+//     drains whatever else is queued, and acks them all in one call; while an
+//     ack is in flight the next ones accumulate.
+//   - A ticker every Lease/extendDivisor renews the leases of the records
+//     still held; a lane publishes a record only if the publish can finish
+//     (PublishTimeout) before the lease it knows of runs out.
+
+// extendDivisor: the lease renewal ticks every Lease/extendDivisor.
+const extendDivisor = 5
+
+// batch is the records of one claim.
+type batch struct {
+	// deadline is when the lease runs out, in unix nanoseconds, counted from
+	// the start of the claim or of the last extension that kept it.
+	deadline  atomic.Int64
+	groups    []*group
+	unsettled int // dispatcher-owned
+}
+
+// group is the records of one key in one claim (or one keyless record).
+type group struct {
+	b       *batch
+	key     string
+	records []storage.Record
+	// next: records before it were tried or settled by a lane; the ones from
+	// it on are untried, so one missing from an extension was lost.
+	next atomic.Int32
+	// lost is set when an extension no longer found an untried record leased
+	// to this forwarder: the lane stops the group at once.
+	lost atomic.Bool
+	// local counts the records a lane settled itself (nack, release,
+	// dead-letter); read by the dispatcher once the group is finished.
+	local atomic.Int32
+
+	acked    int  // dispatcher-owned: records acked by the completer
+	finished bool // dispatcher-owned: no lane works on it any more
+}
+
+func (g *group) settled() bool {
+	return g.finished && g.acked+int(g.local.Load()) == len(g.records)
+}
+
+type eventKind uint8
+
+const (
+	evClaimed  eventKind = iota + 1 // a claim returned
+	evFinished                      // a lane is done with a group
+	evAcked                         // the completer wrote an ack
+	evExtended                      // an extension returned
+)
+
+type event struct {
+	kind    eventKind
+	g       *group
+	acked   []*group // evAcked: the group of each acked record
+	records []storage.Record
+	started time.Time
+	err     error
+	ext     *extension
+}
+
+// extension is one Extend call: what was asked, and what came back.
+type extension struct {
+	started  time.Time
+	groups   []*group
+	batches  []*batch
+	ids      []int64
+	extended []int64
+	err      error
+}
+
+type ackItem struct {
+	rec *storage.Record
+	g   *group
+}
+
+// session is one Run or RunOnce.
+type session struct {
+	f          *Forwarder
+	cfg        *ForwarderConfig
+	once       bool
+	stop       context.Context // cancelled: claim nothing, start no publish
+	publishCtx context.Context // cancelled: abandon in-flight publishes
+
+	events chan event
+	work   chan *group
+	acks   chan ackItem
+
+	lanes         sync.WaitGroup
+	completerDone chan struct{}
+
+	// extDone is closed, and replaced, each time an extension returns: lanes
+	// whose lease runs short wait on it.
+	extMu   sync.Mutex
+	extDone chan struct{}
+
+	mu     sync.Mutex
+	result RunOnceResult
+	err    error // RunOnce: the claim's or an ack's error
+
+	// Dispatcher-owned.
+	keys      map[string][]*group // keys in a lane, with the groups queued behind
+	ready     []*group
+	batches   []*batch
+	inFlight  int // records claimed and not settled
+	running   int // groups handed to a lane and not finished
+	nLanes    int
+	claiming  bool
+	extending bool
+	claims    int
+	claimAt   time.Time
+	// settleFloor: a settling group brings the next claim forward, but not
+	// before settleFloor (PollMin after the last empty claim).
+	settleFloor time.Time
+	poll        time.Duration
+	stopping    bool
+	throttled   bool // claims paused for abandoned publishes (logged once)
+	// wokenDuringClaim: Wake was called while a claim was in flight.
+	wokenDuringClaim bool
+}
+
+func (f *Forwarder) newSession(ctx context.Context, once bool) (*session, context.CancelFunc) {
+	s := &session{
+		f:             f,
+		cfg:           &f.config,
+		once:          once,
+		stop:          ctx,
+		events:        make(chan event, 64),
+		work:          make(chan *group, f.config.Concurrency),
+		acks:          make(chan ackItem, f.config.MaxInFlight),
+		completerDone: make(chan struct{}),
+		keys:          make(map[string][]*group),
+		extDone:       make(chan struct{}),
+		poll:          f.config.PollMin,
+	}
+	// Publishes outlive ctx by ShutdownTimeout so that a graceful stop lets
+	// them finish; write-backs outlive it by BookkeepingTimeout.
+	var hardCancel context.CancelFunc
+	s.publishCtx, hardCancel = context.WithCancel(context.WithoutCancel(ctx))
+	stopGrace := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(f.config.ShutdownTimeout, hardCancel)
+		context.AfterFunc(s.publishCtx, func() { t.Stop() })
+	})
+	return s, func() { stopGrace(); hardCancel() }
+}
+
+// run is the dispatcher loop; it returns once nothing is in flight and no
+// more claims are to be made, with lanes and completer ended.
+func (s *session) run() {
+	go s.complete()
+	defer func() {
+		close(s.work)
+		s.lanes.Wait()
+		close(s.acks)
+		<-s.completerDone
+	}()
+
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	tick := time.NewTicker(s.cfg.Lease / extendDivisor)
+	defer tick.Stop()
+	stopC := s.stop.Done()
+	var wake <-chan struct{}
+	if !s.once {
+		wake = s.f.wake
+	}
+
+	for {
+		var timerC <-chan time.Time
+		if s.mayClaim() {
+			if d := time.Until(s.claimAt); d <= 0 {
+				s.startClaim()
+			} else {
+				timer.Reset(d)
+				timerC = timer.C
+			}
+		}
+		if s.finished() {
+			return
+		}
+		// Lanes start as work needs them, up to Concurrency.
+		for s.nLanes < s.cfg.Concurrency && s.running+len(s.ready) > s.nLanes {
+			s.nLanes++
+			s.lanes.Go(s.supervise)
+		}
+		var work chan *group
+		var next *group
+		if len(s.ready) > 0 {
+			work, next = s.work, s.ready[0]
+		}
+		select {
+		case work <- next:
+			s.ready[0] = nil
+			s.ready = s.ready[1:]
+			s.running++
+			s.dispatch()
+		case ev := <-s.events:
+			s.handle(ev)
+			// Whatever else is queued is handled in the same turn of the
+			// loop: one wake-up for a burst of finished groups and acks.
+			for range cap(s.events) {
+				select {
+				case ev := <-s.events:
+					s.handle(ev)
+					continue
+				default:
+				}
+				break
+			}
+			s.dispatch()
+		case <-timerC:
+		case <-wake:
+			s.poll = s.cfg.PollMin
+			s.claimAt = time.Time{}
+			// A claim in flight may have read the table before what woke us
+			// was committed: its empty answer must not put the wake-up off.
+			s.wokenDuringClaim = s.claiming
+		case <-tick.C:
+			s.extend()
+		case <-stopC:
+			stopC = nil
+			s.stopping = true
+			s.releaseWaiting()
+		}
+	}
+}
+
+// dispatch hands ready groups to the lanes while the work channel has room.
+func (s *session) dispatch() {
+	for len(s.ready) > 0 && s.running < s.nLanes+cap(s.work) {
+		select {
+		case s.work <- s.ready[0]:
+			s.ready[0] = nil
+			s.ready = s.ready[1:]
+			s.running++
+		default:
+			return
+		}
+	}
+}
+
+// finished reports whether the session is over.
+func (s *session) finished() bool {
+	over := s.stopping || (s.once && s.claims > 0)
+	return over && !s.claiming && !s.extending && s.inFlight == 0 && s.running == 0 && len(s.ready) == 0
+}
+
+// mayClaim reports whether a claim may start (now or at claimAt): none in
+// flight, room for half a batch (or nothing in flight), and not too many
+// abandoned publishes.
+func (s *session) mayClaim() bool {
+	if s.stopping || s.claiming || (s.once && s.claims > 0) {
+		return false
+	}
+	if n := s.f.abandoned.Load(); n >= int64(s.cfg.MaxAbandonedPublishes) {
+		if !s.throttled {
+			s.throttled = true
+			s.f.logger.Error("Too many publishes abandoned in the target; claiming nothing until they end", ErrPublishTimeout, watermill.LogFields{
+				"abandoned": n, "max_abandoned_publishes": s.cfg.MaxAbandonedPublishes,
+			})
+		}
+		return false
+	}
+	if s.throttled {
+		s.throttled = false
+		s.f.logger.Info("Abandoned publishes ended; claiming again", nil)
+	}
+	room := s.cfg.MaxInFlight - s.inFlight
+	return s.inFlight == 0 || room*2 >= min(s.cfg.BatchSize, s.cfg.MaxInFlight)
+}
+
+func (s *session) startClaim() {
+	s.claiming = true
+	s.claims++
+	n := min(s.cfg.BatchSize, s.cfg.MaxInFlight-s.inFlight)
+	go func() {
+		started := time.Now()
+		// The claim is not cancelled with the stop context: a claim cancelled on
+		// the wire may have committed its leases, which nobody would then release.
+		ctx, cancel := s.f.bookkeepingCtx(s.stop)
+		recs, err := s.f.store.Claim(ctx, storage.ClaimParams{BatchSize: n, Lease: s.cfg.Lease, WorkerID: s.cfg.WorkerID})
+		cancel()
+		s.events <- event{kind: evClaimed, records: recs, err: err, started: started}
+	}()
+}
+
+func (s *session) handle(ev event) {
+	switch ev.kind {
+	case evClaimed:
+		s.claimed(ev)
+	case evFinished:
+		g := ev.g
+		s.running--
+		g.finished = true
+		s.settle(g, int(g.local.Load()))
+		s.freeKey(g.key)
+	case evAcked:
+		for _, g := range ev.acked {
+			g.acked++
+			s.settle(g, 1)
+		}
+	case evExtended:
+		s.extended(ev.ext)
+	}
+}
+
+func (s *session) claimed(ev event) {
+	s.claiming = false
+	now := time.Now()
+	if ev.err != nil {
+		err := fmt.Errorf("claim outbox records: %w", ev.err)
+		s.claimAt = now.Add(s.cfg.StorageErrorDelay)
+		if s.once {
+			s.setErr(err)
+		} else {
+			s.f.logger.Error("Claim failed; waiting before the next one", err, watermill.LogFields{"delay": s.cfg.StorageErrorDelay})
+		}
+		return
+	}
+	woken := s.wokenDuringClaim
+	s.wokenDuringClaim = false
+	if len(ev.records) == 0 && woken {
+		s.poll = s.cfg.PollMin
+		s.claimAt = time.Time{}
+		return
+	}
+	if len(ev.records) == 0 {
+		s.claimAt = now.Add(s.poll)
+		s.settleFloor = now.Add(s.cfg.PollMin)
+		s.poll = min(time.Duration(float64(s.poll)*s.cfg.PollFactor), s.cfg.PollMax)
+		return
+	}
+	s.poll = s.cfg.PollMin
+	s.claimAt = time.Time{}
+	s.mu.Lock()
+	s.result.Claimed += len(ev.records)
+	s.mu.Unlock()
+
+	b := &batch{unsettled: len(ev.records)}
+	b.deadline.Store(ev.started.Add(s.cfg.Lease).UnixNano())
+	s.inFlight += len(ev.records)
+	s.batches = append(s.batches, b)
+	groups := groupByKey(ev.records)
+	if s.cfg.Concurrency > 1 {
+		// Longest groups first: a key with many records publishes them one
+		// after another, and started last it would finish long after the
+		// rest. Groups are different keys, so their order is free; with one
+		// lane the batch keeps id order.
+		slices.SortStableFunc(groups, func(a, b []storage.Record) int { return len(b) - len(a) })
+	}
+	b.groups = make([]*group, len(groups))
+	for i, recs := range groups {
+		g := &group{b: b, records: recs, key: recs[0].Key}
+		b.groups[i] = g
+		if g.key != "" {
+			if q, busy := s.keys[g.key]; busy {
+				// The key is in a lane: the new group waits behind it, never
+				// beside it.
+				s.keys[g.key] = append(q, g)
+				continue
+			}
+			s.keys[g.key] = nil
+		}
+		s.ready = append(s.ready, g)
+	}
+	if s.stopping {
+		s.releaseWaiting()
+	}
+}
+
+// settle counts n records of g as written back.
+func (s *session) settle(g *group, n int) {
+	if n == 0 {
+		return
+	}
+	s.inFlight -= n
+	g.b.unsettled -= n
+	if g.settled() && s.claimAt.After(s.settleFloor) {
+		// A key is free again: what was held back behind it may be
+		// claimable. After an empty claim, not before PollMin though: a
+		// stream of settling groups must not turn into a stream of claims.
+		s.claimAt = s.settleFloor
+	}
+}
+
+// freeKey hands the next group queued behind key to the lanes.
+func (s *session) freeKey(key string) {
+	if key == "" {
+		return
+	}
+	q := s.keys[key]
+	if len(q) == 0 {
+		delete(s.keys, key)
+		return
+	}
+	s.ready = append(s.ready, q[0])
+	s.keys[key] = q[1:]
+}
+
+// releaseWaiting gives back, in one call, every group no lane has started.
+func (s *session) releaseWaiting() {
+	var waiting []*group
+	for _, g := range s.ready {
+		waiting = append(waiting, g)
+	}
+	s.ready = nil
+	for key, q := range s.keys {
+		waiting = append(waiting, q...)
+		s.keys[key] = nil
+	}
+	if len(waiting) == 0 {
+		return
+	}
+	var recs []storage.Record
+	for _, g := range waiting {
+		recs = append(recs, g.records...)
+	}
+	s.release(recs, time.Now(), "stopping")
+	for _, g := range waiting {
+		g.finished = true
+		g.local.Store(int32(len(g.records)))
+		s.settle(g, len(g.records))
+	}
+}
+
+// extend starts the renewal of the leases of records still held whose lease
+// was not renewed during the last half tick.
+func (s *session) extend() {
+	live := s.batches[:0]
+	for _, b := range s.batches {
+		if b.unsettled > 0 {
+			live = append(live, b)
+		}
+	}
+	clear(s.batches[len(live):])
+	s.batches = live
+	// Extensions go on while stopping: publishes finishing within
+	// ShutdownTimeout still need their lease for the ack.
+	if s.extending || len(live) == 0 {
+		return
+	}
+	now := time.Now()
+	horizon := now.Add(s.cfg.Lease - s.cfg.Lease/extendDivisor/2).UnixNano()
+	x := &extension{started: now}
+	for _, b := range live {
+		if b.deadline.Load() >= horizon {
+			continue
+		}
+		x.batches = append(x.batches, b)
+		for _, g := range b.groups {
+			if g.settled() {
+				continue
+			}
+			x.groups = append(x.groups, g)
+			for i := range g.records {
+				x.ids = append(x.ids, g.records[i].ID)
+			}
+		}
+	}
+	if len(x.ids) == 0 {
+		return
+	}
+	s.extending = true
+	go func() {
+		ctx, cancel := s.f.bookkeepingCtx(s.stop)
+		x.extended, x.err = s.f.store.Extend(ctx, storage.ExtendParams{IDs: x.ids, WorkerID: s.cfg.WorkerID, Lease: s.cfg.Lease})
+		cancel()
+		s.events <- event{kind: evExtended, ext: x}
+	}()
+}
+
+func (s *session) extended(x *extension) {
+	s.extending = false
+	defer func() {
+		s.extMu.Lock()
+		close(s.extDone)
+		s.extDone = make(chan struct{})
+		s.extMu.Unlock()
+	}()
+	if x.err != nil {
+		// The lanes stop the groups whose lease runs short.
+		s.f.logger.Error("Lease extension failed; groups stop before their lease runs out", x.err, watermill.LogFields{"records": len(x.ids)})
+		return
+	}
+	kept := make(map[int64]struct{}, len(x.extended))
+	for _, id := range x.extended {
+		kept[id] = struct{}{}
+	}
+	for _, g := range x.groups {
+		// Read next now, not when the extension started: a record published
+		// and acked meanwhile is missing from the result without being lost,
+		// while one still untried now was untried all along.
+		for j := int(g.next.Load()); j < len(g.records); j++ {
+			if _, ok := kept[g.records[j].ID]; !ok {
+				if !g.lost.Swap(true) {
+					s.f.logger.Error("Lease lost: the group stops and leaves its records to their new holder", ErrLeaseLost, watermill.LogFields{
+						"key": g.key, "outbox_id": g.records[j].ID,
+					})
+				}
+				break
+			}
+		}
+	}
+	deadline := x.started.Add(s.cfg.Lease).UnixNano()
+	for _, b := range x.batches {
+		b.deadline.Store(deadline)
+	}
+}
+
+// complete is the completer: it acks published records in batches.
+func (s *session) complete() {
+	defer close(s.completerDone)
+	var items []ackItem
+	for it := range s.acks {
+		items = append(items[:0], it)
+	drain:
+		for {
+			select {
+			case it, ok := <-s.acks:
+				if !ok {
+					break drain
+				}
+				items = append(items, it)
+			default:
+				break drain
+			}
+		}
+		s.ack(items)
+	}
+}
+
+func (s *session) ack(items []ackItem) {
+	f := s.f
+	ids := make([]int64, len(items))
+	groups := make([]*group, len(items))
+	for i, it := range items {
+		ids[i] = it.rec.ID
+		groups[i] = it.g
+	}
+	ctx, cancel := f.bookkeepingCtx(s.stop)
+	err := f.store.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: s.cfg.WorkerID})
+	cancel()
+	if err != nil {
+		err = fmt.Errorf("ack %d published outbox records (they will be redelivered when their lease expires): %w", len(ids), err)
+		if s.once {
+			s.setErr(err)
+		} else {
+			f.logger.Error("Ack failed", err, nil)
+		}
+	} else {
+		s.mu.Lock()
+		s.result.Published += len(ids)
+		s.mu.Unlock()
+	}
+	if f.config.OnOutcome != nil {
+		for _, it := range items {
+			f.config.OnOutcome(Outcome{Kind: OutcomePublished, Record: it.rec, StorageErr: err})
+		}
+	}
+	s.events <- event{kind: evAcked, acked: groups}
+}
+
+func (s *session) setErr(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
+}
+
+func (s *session) count(update func(*RunOnceResult)) {
+	s.mu.Lock()
+	update(&s.result)
+	s.mu.Unlock()
+}
+
+// A lane publishes key groups one after another, pulling them from the
+// dispatcher. Without a publish timeout it runs on the supervising goroutine.
+// With one, it runs on its own goroutine and the supervisor watches the
+// publish in flight: one that outruns PublishTimeout (the target may ignore
+// the context: Sarama's sync producer and JetStream do) is abandoned with its
+// lane, its outcome recorded as a timeout, and a fresh lane goes on with the
+// rest of the group. The watch costs a mutex per publish and no goroutine or
+// channel per message.
+type lane struct {
+	s *session
+
+	mu        sync.Mutex
+	busy      bool      // a publish is in flight
+	started   time.Time // when it started
+	g         *group
+	pos       int  // index in g.records of the publish in flight
+	abandoned bool // the supervisor gave up on this lane
+
+	done chan struct{} // closed when work returns
+	// first, from firstPos, is a group remainder to publish before pulling.
+	first    *group
+	firstPos int
+}
+
+// supervise runs lanes until the work channel closes, replacing abandoned ones.
+func (s *session) supervise() {
+	timeout := s.cfg.PublishTimeout
+	l := &lane{s: s, done: make(chan struct{})}
+	if timeout <= 0 {
+		l.work()
+		return
+	}
+	go l.work()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	hardC := s.publishCtx.Done()
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-timer.C:
+		case <-hardC:
+			hardC = nil
+		}
+		hard := s.publishCtx.Err() != nil
+		l.mu.Lock()
+		overdue := l.busy && time.Since(l.started) >= timeout
+		if !overdue && !(hard && l.busy) {
+			wait := timeout
+			if l.busy {
+				wait = timeout - time.Since(l.started)
+			}
+			l.mu.Unlock()
+			timer.Reset(wait)
+			continue
+		}
+		l.abandoned = true
+		g, pos := l.g, l.pos
+		l.mu.Unlock()
+		s.f.abandon(l.done)
+
+		err := fmt.Errorf("%w after %s", ErrPublishTimeout, timeout)
+		if hard {
+			err = ErrPublishAbandoned
+		}
+		next := &lane{s: s, done: make(chan struct{})}
+		if s.fail(g, pos, err) && pos+1 < len(g.records) {
+			next.first, next.firstPos = g, pos+1
+		} else {
+			s.finish(g)
+		}
+		l = next
+		go l.work()
+		timer.Reset(timeout)
+	}
+}
+
+// abandon counts a lane left in a publish that outran its bound until the
+// publish returns.
+func (f *Forwarder) abandon(done <-chan struct{}) {
+	f.abandoned.Add(1)
+	f.aside.Add(1)
+	go func() {
+		<-done
+		f.abandoned.Add(-1)
+		f.aside.Done()
+		f.Wake() // claims may have been paused for it
+	}()
+}
+
+// work publishes groups until the work channel closes or the lane is abandoned.
+func (l *lane) work() {
+	defer close(l.done)
+	if l.first != nil && !l.publishGroup(l.first, l.firstPos) {
+		return
+	}
+	for g := range l.s.work {
+		if !l.publishGroup(g, 0) {
+			return
+		}
+	}
+}
+
+// awaitExtension waits for the next extension to return, and reports whether
+// it did before deadline (or a stop).
+func (s *session) awaitExtension(deadline time.Time) bool {
+	s.extMu.Lock()
+	ch := s.extDone
+	s.extMu.Unlock()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+	case <-s.stop.Done():
+	}
+	return false
+}
+
+func (s *session) finish(g *group) {
+	s.events <- event{kind: evFinished, g: g}
+}
+
+// publishGroup publishes the records of one key in order, from index from on,
+// and reports the group finished. It returns false if the lane was abandoned
+// meanwhile (the supervisor then takes the group over).
+func (l *lane) publishGroup(g *group, from int) bool {
+	s, f := l.s, l.s.f
+	timeout := s.cfg.PublishTimeout
+	for i := from; i < len(g.records); i++ {
+		rec := &g.records[i]
+		if s.stop.Err() != nil {
+			s.releaseRest(g, i, time.Now(), "stopping")
+			break
+		}
+		if g.lost.Load() {
+			// Not ours any more; the release is fenced and gives back what
+			// still is.
+			s.releaseRest(g, i, time.Now(), "lease lost")
+			break
+		}
+		if rec.DecodeError != nil {
+			g.next.Store(int32(i + 1))
+			s.deadLetter(g, rec, fmt.Sprintf("undecodable record: %v", rec.DecodeError))
+			continue
+		}
+		if rec.Attempts > s.cfg.MaxAttempts {
+			// Claimed more often than allowed without an outcome recorded: the
+			// process died while publishing it (maybe because of it).
+			g.next.Store(int32(i + 1))
+			s.deadLetter(g, rec, fmt.Sprintf("claimed %d times without a recorded outcome (MaxAttempts %d)", rec.Attempts, s.cfg.MaxAttempts))
+			continue
+		}
+		now := time.Now()
+		if deadline := time.Unix(0, g.b.deadline.Load()); !now.Add(max(timeout, 0)).Before(deadline) {
+			// The publish could outlive the lease: another forwarder might
+			// claim the record meanwhile. Wait for the next extension while
+			// the lease lasts (a slow storage then slows the group down
+			// instead of turning every group into a release), else give the
+			// rest back untried.
+			if now.Before(deadline) && s.awaitExtension(deadline) {
+				i-- // check this record again
+				continue
+			}
+			f.logger.Error("Lease runs out before the next publish could finish; the group's rest is released", ErrLeaseLost, watermill.LogFields{
+				"key": g.key, "outbox_id": rec.ID, "lease_left": deadline.Sub(now), "publish_timeout": timeout,
+			})
+			s.releaseRest(g, i, now, "lease runs out")
+			break
+		}
+		if f.abandoned.Load() >= int64(s.cfg.MaxAbandonedPublishes) {
+			s.releaseRest(g, i, now, "too many abandoned publishes")
+			break
+		}
+		l.mu.Lock()
+		if l.abandoned {
+			l.mu.Unlock()
+			return false
+		}
+		l.busy, l.started, l.g, l.pos = true, now, g, i
+		l.mu.Unlock()
+		g.next.Store(int32(i + 1))
+
+		err := f.publishOne(s.publishCtx, rec, now)
+
+		l.mu.Lock()
+		abandoned := l.abandoned
+		l.busy = false
+		l.mu.Unlock()
+		if abandoned {
+			return false // the supervisor recorded this record's outcome
+		}
+		if err == nil {
+			s.acks <- ackItem{rec: rec, g: g}
+			continue
+		}
+		if !s.fail(g, i, err) {
+			break
+		}
+	}
+	s.finish(g)
+	return true
+}
+
+// fail records the failed publish of g.records[i]: dead-letter when out of
+// attempts (and report true: the rest of the group may go on), else nack with
+// backoff and release the rest of the group untried with the same retry time.
+func (s *session) fail(g *group, i int, err error) bool {
+	rec := &g.records[i]
+	if rec.Attempts >= s.cfg.MaxAttempts {
+		s.deadLetter(g, rec, fmt.Sprintf("attempt %d of %d failed: %v", rec.Attempts, s.cfg.MaxAttempts, err))
+		return true
+	}
+	retryAt := time.Now().Add(s.cfg.Backoff.Delay(rec.Attempts))
+	s.nack(g, rec, err, retryAt)
+	// The rest of this key waits behind the failure, untried.
+	s.releaseRest(g, i+1, retryAt, "behind a failed record of the same key")
+	return false
+}
+
+// releaseRest releases g.records[from:], untried.
+func (s *session) releaseRest(g *group, from int, retryAt time.Time, why string) {
+	g.next.Store(int32(len(g.records)))
+	rest := g.records[from:]
+	if len(rest) == 0 {
+		return
+	}
+	g.local.Add(int32(len(rest)))
+	s.release(rest, retryAt, why)
+}
