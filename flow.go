@@ -48,13 +48,13 @@ type group struct {
 	records []storage.Record
 	// next: records before it were tried or settled by a lane; the ones from
 	// it on are untried, so one missing from an extension was lost.
-	next atomic.Int32
+	next atomic.Int64
 	// lost is set when an extension no longer found an untried record leased
 	// to this forwarder: the lane stops the group at once.
 	lost atomic.Bool
 	// local counts the records a lane settled itself (nack, release,
 	// dead-letter); read by the dispatcher once the group is finished.
-	local atomic.Int32
+	local atomic.Int64
 
 	acked    int  // dispatcher-owned: records acked by the completer
 	finished bool // dispatcher-owned: no lane works on it any more
@@ -423,10 +423,7 @@ func (s *session) freeKey(key string) {
 
 // releaseWaiting gives back, in one call, every group no lane has started.
 func (s *session) releaseWaiting() {
-	var waiting []*group
-	for _, g := range s.ready {
-		waiting = append(waiting, g)
-	}
+	waiting := s.ready
 	s.ready = nil
 	for key, q := range s.keys {
 		waiting = append(waiting, q...)
@@ -442,7 +439,7 @@ func (s *session) releaseWaiting() {
 	s.release(recs, time.Now(), "stopping")
 	for _, g := range waiting {
 		g.finished = true
-		g.local.Store(int32(len(g.records)))
+		g.local.Store(int64(len(g.records)))
 		s.settle(g, len(g.records))
 	}
 }
@@ -741,14 +738,14 @@ func (l *lane) publishGroup(g *group, from int) bool {
 			break
 		}
 		if rec.DecodeError != nil {
-			g.next.Store(int32(i + 1))
+			g.next.Store(int64(i + 1))
 			s.deadLetter(g, rec, fmt.Sprintf("undecodable record: %v", rec.DecodeError))
 			continue
 		}
 		if rec.Attempts > s.cfg.MaxAttempts {
 			// Claimed more often than allowed without an outcome recorded: the
 			// process died while publishing it (maybe because of it).
-			g.next.Store(int32(i + 1))
+			g.next.Store(int64(i + 1))
 			s.deadLetter(g, rec, fmt.Sprintf("claimed %d times without a recorded outcome (MaxAttempts %d)", rec.Attempts, s.cfg.MaxAttempts))
 			continue
 		}
@@ -780,7 +777,7 @@ func (l *lane) publishGroup(g *group, from int) bool {
 		}
 		l.busy, l.started, l.g, l.pos = true, now, g, i
 		l.mu.Unlock()
-		g.next.Store(int32(i + 1))
+		g.next.Store(int64(i + 1))
 
 		err := f.publishOne(s.publishCtx, rec, now)
 
@@ -821,11 +818,11 @@ func (s *session) fail(g *group, i int, err error) bool {
 
 // releaseRest releases g.records[from:], untried.
 func (s *session) releaseRest(g *group, from int, retryAt time.Time, why string) {
-	g.next.Store(int32(len(g.records)))
+	g.next.Store(int64(len(g.records)))
 	rest := g.records[from:]
 	if len(rest) == 0 {
 		return
 	}
-	g.local.Add(int32(len(rest)))
+	g.local.Add(int64(len(rest)))
 	s.release(rest, retryAt, why)
 }
