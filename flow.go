@@ -740,6 +740,10 @@ func (l *lane) publishGroup(g *group, from int) bool {
 		if rec.DecodeError != nil {
 			g.next.Store(int64(i + 1))
 			s.deadLetter(g, rec, fmt.Sprintf("undecodable record: %v", rec.DecodeError))
+			if s.f.holdOnDead {
+				s.releaseRest(g, i+1, time.Now(), heldByDead)
+				break
+			}
 			continue
 		}
 		if rec.Attempts > s.cfg.MaxAttempts {
@@ -747,6 +751,10 @@ func (l *lane) publishGroup(g *group, from int) bool {
 			// process died while publishing it (maybe because of it).
 			g.next.Store(int64(i + 1))
 			s.deadLetter(g, rec, fmt.Sprintf("claimed %d times without a recorded outcome (MaxAttempts %d)", rec.Attempts, s.cfg.MaxAttempts))
+			if s.f.holdOnDead {
+				s.releaseRest(g, i+1, time.Now(), heldByDead)
+				break
+			}
 			continue
 		}
 		now := time.Now()
@@ -800,13 +808,23 @@ func (l *lane) publishGroup(g *group, from int) bool {
 	return true
 }
 
+// heldByDead is why the rest of a group is released after a dead-letter
+// when the storage holds a key on dead-letter.
+const heldByDead = "behind a dead-lettered record of the same key (the storage holds the key)"
+
 // fail records the failed publish of g.records[i]: dead-letter when out of
-// attempts (and report true: the rest of the group may go on), else nack with
-// backoff and release the rest of the group untried with the same retry time.
+// attempts (and report true: the rest of the group may go on, unless the
+// storage holds the key on dead-letter: then the rest is released), else
+// nack with backoff and release the rest of the group untried with the same
+// retry time.
 func (s *session) fail(g *group, i int, err error) bool {
 	rec := &g.records[i]
 	if rec.Attempts >= s.cfg.MaxAttempts {
 		s.deadLetter(g, rec, fmt.Sprintf("attempt %d of %d failed: %v", rec.Attempts, s.cfg.MaxAttempts, err))
+		if s.f.holdOnDead {
+			s.releaseRest(g, i+1, time.Now(), heldByDead)
+			return false
+		}
 		return true
 	}
 	retryAt := time.Now().Add(s.cfg.Backoff.Delay(rec.Attempts))

@@ -108,6 +108,10 @@ type Forwarder struct {
 	config  ForwarderConfig
 	logger  watermill.LoggerAdapter
 	handler message.HandlerFunc
+	// holdOnDead: the storage holds a key on dead-letter
+	// (storage.DeadLetterHolder), so the rest of a group is released, not
+	// published, after a dead-letter.
+	holdOnDead bool
 
 	wake    chan struct{}
 	running atomic.Bool
@@ -141,6 +145,9 @@ func NewForwarder(store storage.Storage, target message.Publisher, config Forwar
 		config: config,
 		logger: logger,
 		wake:   make(chan struct{}, 1),
+	}
+	if h, ok := store.(storage.DeadLetterHolder); ok {
+		f.holdOnDead = h.HoldOnDeadLetter()
 	}
 	f.handler = f.publish
 	for i := len(config.Middlewares) - 1; i >= 0; i-- {
