@@ -194,18 +194,6 @@ func (p RedriveParams) Validate() error {
 	return nil
 }
 
-// Membership is implemented by storages that keep track of the workers
-// claiming from them (the PostgreSQL storage shares its key slots among
-// them). The forwarder's Run calls Join before its first claim, so that
-// forwarders starting together share the keys from their first claims on,
-// and Leave when it returns, so that the others take over its share at once
-// instead of after a timeout. Neither may touch records or leases; a claim
-// joins too.
-type Membership interface {
-	Join(ctx context.Context, workerID string) error
-	Leave(ctx context.Context, workerID string) error
-}
-
 // Maintainer is implemented by SQL storages: housekeeping for operators.
 type Maintainer interface {
 	// Purge deletes delivered records older than olderThan, in bounded batches so

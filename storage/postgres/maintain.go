@@ -81,8 +81,10 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 // Redrive implements [storage.Maintainer]: the selected dead-lettered rows go
 // back to pending, due now, with attempts 0 and no error.
 func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, error) {
+	// Unparked: a re-driven row below its key's head becomes the head, and
+	// the next claim parks the old one behind it.
 	set := fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL,
-    due_at = now()
+    due_at = now(), parked = false
 WHERE status = 'dead' AND `, s.table)
 	if err := p.Validate(); err != nil {
 		return 0, fmt.Errorf("redrive outbox rows: %w", err)
@@ -100,4 +102,36 @@ WHERE status = 'dead' AND `, s.table)
 		return 0, fmt.Errorf("redrive outbox rows in %s: %w", s.table, err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// FenceStats says why delivery may wait with [Config.CommitOrderFence]: how
+// many due pending records the fence holds back right now, and how long the
+// oldest transaction still running in the database (the one that holds the
+// fence) has been open. Without the fence both are what they would be with it.
+type FenceStats struct {
+	// Held counts due pending records whose inserting transaction is not
+	// older than every running transaction.
+	Held int64
+	// OldestTransactionAge is the age of the oldest open transaction that
+	// has a transaction id (pg_stat_activity.backend_xid), 0 when none.
+	OldestTransactionAge time.Duration
+}
+
+// FenceStats reads [FenceStats]. Held walks the pending rows whose txid is not
+// below the fence, so it costs as much as the fenced backlog; call it from a
+// dashboard, not a hot loop. The age needs pg_read_all_stats (or superuser) to
+// see other roles' sessions.
+func (s *Storage) FenceStats(ctx context.Context) (FenceStats, error) {
+	q := fmt.Sprintf(`SELECT
+    (SELECT count(*) FROM %s WHERE status = 'pending' AND due_at <= now()
+        AND txid >= pg_snapshot_xmin(pg_current_snapshot())),
+    COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(xact_start))::float8 FROM pg_stat_activity
+        WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()), 0)`, s.table)
+	var fs FenceStats
+	var age float64
+	if err := s.pool.QueryRow(ctx, q).Scan(&fs.Held, &age); err != nil {
+		return FenceStats{}, fmt.Errorf("outbox fence stats of %s: %w", s.table, err)
+	}
+	fs.OldestTransactionAge = max(time.Duration(age*float64(time.Second)), 0)
+	return fs, nil
 }

@@ -3,345 +3,307 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txoutbox/txoutbox/storage"
 )
 
-// slotCount is the number of key slots: the slot column of a row is the hash
-// of its key (its id when keyless) modulo slotCount. Up to slotCount
-// claimers get slots of their own.
-const slotCount = 256
-
-// memberTTL is how long a worker counts as claiming after its last claim, or
-// its lease if that is longer (a round must end within its lease): long
-// enough to cover a forwarder's idle poll (PollMax, 5s by default), short
-// enough that the slots of a worker that stopped without [Storage.Leave] go
-// to the others soon.
-const memberTTL = 10 * time.Second
+// walkFactor bounds a strict claim's walk: it looks at most walkFactor times
+// the batch size of due, unparked candidates that are not in flight. Most of
+// them are heads of their keys; the others get parked on the way, so the
+// next claim does not walk them again.
+const walkFactor = 2
 
 // queries holds the statements of one storage, built once in New.
 type queries struct {
-	claim, ack, nack, release, deadLetter string
-	plan, planLock, leave, join           string
-	writePlan, writePlanLock              string
-	extend                                string
+	claim                 string
+	lockAck, ack          string // strict: the locks, then the ack with a fresh snapshot
+	lockDead, deadLetter  string
+	nack, release, extend string
+	unlease               string
 }
 
-func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
-	// A row is claimable when it is pending, due and not under a live lease.
-	due := "o.due_at <= (SELECT t FROM clk)"
-	if visibility > 0 {
-		due += fmt.Sprintf(" AND o.created_at <= (SELECT t FROM clk) - interval '%d microseconds'", visibility.Microseconds())
-	}
-	hold := ""
-	if strict {
-		// Held back: an earlier pending row of the same key that is not
-		// claimable now. The statement's snapshot is taken after the advisory
-		// lock was granted by the previous statement of the batch, so it sees
-		// every committed claim.
-		//
-		// Only a leased row (in the lease table) or a row rescheduled past its
-		// creation (due_at > created_at: due_at > now() >= created_at) can be
-		// unclaimable. The InitPlan reads both once per claim (the lease table
-		// holds only the rows in flight; the partial rescheduled index only
-		// the rows waiting for a retry) into a map key -> the lowest unclaimable id of that
-		// key, and a candidate is held back when its key maps to a lower id.
-		// Each candidate then costs one map lookup, however many rows of its
-		// key are pending.
-		//
-		// The visibility delay needs no clause here: created_at is taken at
-		// insert (clock_timestamp), so an earlier id is never younger than a
-		// row that is old enough to claim.
-		hold = fmt.Sprintf(`(SELECT jsonb_object_agg(h.key, h.first) FROM (
-        SELECT u.key, min(u.id) AS first FROM (
-            SELECT l.key, l.id FROM %[2]s l
-            WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''
-            UNION ALL
-            SELECT e.key, e.id FROM %[1]s e
-            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)
-        ) u GROUP BY u.key) h)`, t, leases)
-	}
-	// Every write-back deletes the worker's lease and updates the outbox row
-	// in one statement: the lease is the fence (a lease taken over by another
-	// worker has another leased_by, so the write-back matches nothing), and
-	// its attempts, which count claims whose lease ran out, go to the row.
-	fenced := func(ids string, returning string) string {
-		if strict {
-			// Strict claims lock no outbox row (the advisory lock keeps
-			// claimers apart), so the lease is deleted first and the outbox
-			// row updated after it: a claim that takes over an expired lease
-			// waits for the DELETE and then finds the lease gone. Both lock
-			// lease rows in id order (see writePlan), and no outbox row lock
-			// is held by a claim, so they cannot deadlock. Nack and release
-			// also take the advisory lock (writeBack); an ack and a
-			// dead-letter do not need it (a delivered or dead row holds
-			// nothing back).
-			return fmt.Sprintf(`WITH l AS (DELETE FROM %s x WHERE x.id %s AND x.leased_by = $2 RETURNING %s)
-`, leases, ids, returning)
+// A note on locks, for every statement below. Claims never wait for a row
+// lock: they lock outbox rows FOR UPDATE / FOR SHARE SKIP LOCKED, and insert
+// leases in id order. Write-backs lock the outbox rows they touch FOR UPDATE
+// in id order first (an ARRAY(... ORDER BY id FOR UPDATE) sub-select, which
+// PostgreSQL evaluates whole, rows locked in sort order, before the statement
+// that uses it), then their lease rows, in id order too. A write-back can
+// wait for a claim (which waits for nobody) or for another write-back that
+// locked a lower id first: no cycle, so no deadlock.
+
+func buildQueries(t, leases, delivered string, c Config) queries {
+	strict := !c.DisableStrictOrdering
+	// visible: a row old enough to hand out (VisibilityDelay, CommitOrderFence).
+	visible := func(a string) string {
+		v := ""
+		if c.VisibilityDelay > 0 {
+			v += fmt.Sprintf(" AND %s.created_at <= (SELECT t FROM clk) - interval '%d microseconds'", a, c.VisibilityDelay.Microseconds())
 		}
-		// Claims without strict ordering run side by side and lock their
-		// outbox rows (FOR UPDATE SKIP LOCKED) before leasing them, so a
-		// write-back locks the outbox rows first too, in id order, then
-		// deletes the lease: a write-back and a claim that takes over an
-		// expired lease of the same row then wait for each other one way
-		// only and never deadlock. The DELETE re-reads a lease updated
-		// meanwhile, so a takeover committed while the write-back waited
-		// fences it out.
-		return fmt.Sprintf(`WITH m AS (SELECT id FROM %s WHERE id %s AND status = 'pending' ORDER BY id FOR UPDATE),
-l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 RETURNING %s)
-`, t, ids, leases, returning)
+		if c.CommitOrderFence {
+			// Rows from before the txid column existed have none: they are
+			// old enough.
+			v += fmt.Sprintf(" AND (%[1]s.txid IS NULL OR %[1]s.txid < (SELECT xmin FROM clk))", a)
+		}
+		return v
 	}
-	// An ack deletes the outbox row and records the delivery in the narrow
-	// delivered table: an UPDATE to status 'delivered' wrote a new version of
-	// the whole row (payload and metadata included) and two index entries
-	// (primary key, delivered index), never a HOT update since status is in
-	// the partial indexes' predicates: 9.4 of the 15 ms of database time a
-	// claim and ack of 1000 rows took, against about 6 now (BenchmarkClaimAck).
-	// The delivered table keeps what Stats, Purge and an audit need, without
-	// the payload; the outbox table holds only pending and dead rows.
-	ack := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
-    DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
-    RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error)
-INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
-SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d`, t, delivered)
-	if deleteOnAck {
-		ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	due := func(a string) string {
+		return fmt.Sprintf("%s.due_at <= (SELECT t FROM clk)%s", a, visible(a))
 	}
-	// leases maps every lease row's id to whether it is live at the claim's
-	// clock reading.
-	leaseMap := fmt.Sprintf(`(SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') FROM %s x WHERE x.id >= (SELECT id FROM head))`, leases)
-	// head is the lowest pending id. Every lease worth reading is above it
-	// (a leased row is pending), and below it the lease table holds only the
-	// dead versions of acked leases until VACUUM comes by, which at
-	// thousands of messages a second is tens of thousands of them: the
-	// lease table is read through its primary key from head on, never
-	// scanned whole. (The slot condition, always true, makes the pending
-	// index the one to read; see the claim without strict ordering.)
-	head := fmt.Sprintf(`head AS MATERIALIZED (SELECT COALESCE((SELECT o.id FROM %s o
-    WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT 0) AND (SELECT %d) ORDER BY o.id LIMIT 1), 0) AS id),`, t, slotCount-1)
+	// live: a lease that has not run out at the claim's clock reading.
+	live := func(a string) string {
+		return fmt.Sprintf("EXISTS (SELECT FROM %s l WHERE l.id = %s.id AND l.leased_until > (SELECT t FROM clk))", leases, a)
+	}
 	leaseUntil := "(SELECT t FROM clk) + $3::bigint * interval '1 microsecond'"
-	var claim string
-	if strict {
-		// Claims are serialised by the advisory lock and see every lease
-		// committed before them, so the candidates need no row lock: a row
-		// with no lease row gets one by a plain INSERT (nothing else inserts
-		// leases meanwhile), and a row whose lease ran out is taken over by
-		// an UPDATE of that lease, which re-checks it: if its owner's
-		// write-back deleted it meanwhile, the UPDATE waits for it, finds
-		// nothing and the row is not handed out.
-		//
-		// Key slots: every row has a slot (hash of its key, or its id when
-		// keyless; a generated column). The workers that claimed in the last
-		// memberTTL, or in the last lease when that is longer (a round that
-		// is still publishing holds its keys), share the slots: sorted by worker id,
-		// each owns one contiguous range, and a claim walks the pending rows
-		// of its own slots (the slot range is a condition on the pending
-		// index, so other slots' rows cost no heap visit). Workers then hold
-		// disjoint keys and do not walk each other's held rows. If its own
-		// slots do not fill the batch, a claim also looks at the first
-		// BatchSize pending rows of the others' slots (two bounded walks,
-		// below and above its own range, so that the slot range is checked
-		// in the index there too): the slots of a worker that died are
-		// served until it drops out, and a small backlog goes out at once
-		// whoever owns it. Which slots a worker walks never decides what is
-		// claimable: every key lives in one slot, and the held-back check is
-		// the same for all of them: the maps are built from every live lease
-		// and rescheduled row, not from the own slots' only, so that order
-		// per key never rests on every row of a key having the same slot
-		// (it would not, should hashtext change under a pg_upgrade with rows
-		// pending).
-		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
-hb AS (
-    INSERT INTO %[7]s (worker_id, seen_until)
-    VALUES ($2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond'))
-    ON CONFLICT (worker_id) DO UPDATE SET seen_until = excluded.seen_until),
-gone AS (
-    DELETE FROM %[7]s WHERE seen_until < (SELECT t FROM clk) - interval '%[8]d microseconds' AND worker_id <> $2),
-%[10]s
-own AS MATERIALIZED (
-    SELECT n.r * %[9]d / n.f AS lo, (n.r + 1) * %[9]d / n.f - 1 AS hi FROM (
-        SELECT count(*) AS f, count(*) FILTER (WHERE w.id < $2) AS r FROM (
-            SELECT worker_id AS id FROM %[7]s WHERE seen_until > (SELECT t FROM clk)
-            UNION SELECT $2) w) n),
-ls AS MATERIALIZED (
-    SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m
-    FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
-hm AS MATERIALIZED (SELECT %[4]s AS m),
-c AS MATERIALIZED (
-    SELECT * FROM (
-        SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-            (SELECT m FROM ls) ? o.id::text AS expired
-        FROM %[1]s o
-        WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own) AND %[3]s
-          AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
-          AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
-        ORDER BY o.id
-        LIMIT $1) mine
-    UNION ALL
-    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-        (SELECT m FROM ls) ? o.id::text
-    FROM (
-        SELECT * FROM (
-            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
-            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN 0 AND (SELECT lo FROM own) - 1
-            ORDER BY p.id LIMIT $1) below
-        UNION ALL
-        SELECT * FROM (
-            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
-            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1
-            ORDER BY p.id LIMIT $1) above) o
-    WHERE %[3]s
-      AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
-      AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
-    LIMIT $1),
-up AS (
-    UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
-    WHERE l.id = ANY(ARRAY(SELECT c.id FROM c WHERE c.expired)) AND l.leased_until <= (SELECT t FROM clk)
-    RETURNING l.id, l.attempts),
-ins AS (
-    INSERT INTO %[2]s (id, key, leased_by, leased_until, attempts)
-    SELECT c.id, c.key, $2, %[6]s, c.attempts + 1 FROM c WHERE NOT c.expired
-    RETURNING id, attempts),
-a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
-SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
-FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head)
-	} else {
-		// The slot condition is always true: it is there so that the planner
-		// walks the pending index (where it is an index condition) rather
-		// than the primary key, which also lists every delivered row; with
-		// statistics taken when the table held only pending rows the two
-		// looked alike and the primary key won.
-		//
-		// Claimers run side by side: each locks its candidates (FOR UPDATE
-		// SKIP LOCKED, so they skip each other's rows) and leases them with
-		// ON CONFLICT, which takes over a lease only once it has run out,
-		// judged on the latest committed lease, so two claimers never both
-		// hold a row even when one's snapshot predates the other's commit.
-		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
-%[7]s
-c AS MATERIALIZED (
-    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
-    WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT 0) AND (SELECT %[6]d) AND %[3]s
-      AND NOT COALESCE((%[4]s -> o.id::text)::boolean, false)
-    ORDER BY o.id
-    LIMIT $1
-    FOR UPDATE OF o SKIP LOCKED),
-ins AS (
-    INSERT INTO %[2]s AS l (id, key, leased_by, leased_until, attempts)
-    SELECT c.id, c.key, $2, %[5]s, c.attempts + 1 FROM c
+
+	// "Now" is one clock reading taken once the statement runs, after its
+	// snapshot: not now(), the start of the transaction. Every visible row
+	// committed before this reading, so its default due time (its
+	// producer's now()) is behind it: a row committed by a transaction that
+	// began early is never "not yet due" while a later row of its key is.
+	clk := "WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t, pg_snapshot_xmin(pg_current_snapshot()) AS xmin),"
+
+	// Taking a lease: a row with no lease row gets one; a row whose lease
+	// ran out is taken over, judged on the latest committed lease (ON
+	// CONFLICT sees leases committed after this statement's snapshot), so
+	// two claimers never both hold a record. Inserted in id order (see the
+	// note on locks).
+	takeLease := func(from string) string {
+		return fmt.Sprintf(`INSERT INTO %s AS l (id, key, leased_by, leased_until, attempts)
+    SELECT id, key, $2, %s, attempts + 1 FROM %s ORDER BY id
     ON CONFLICT (id) DO UPDATE SET leased_by = excluded.leased_by, leased_until = excluded.leased_until,
         attempts = l.attempts + 1
     WHERE l.leased_until <= excluded.leased_until - $3::bigint * interval '1 microsecond'
-    RETURNING l.id, l.attempts)
+    RETURNING l.id, l.attempts`, leases, leaseUntil, from)
+	}
+
+	var claim string
+	if strict {
+		// Strict ordering with parked rows; see the package documentation
+		// for the invariant (the lowest pending row of a key is never
+		// parked) and why this is race-free.
+		claim = clk + fmt.Sprintf(`
+-- The walk: due, unparked pending rows in (due_at, id) order, leaving out
+-- the rows in flight (one probe of the lease table's primary key each).
+c AS MATERIALIZED (
+    SELECT o.id, o.key FROM %[1]s o
+    WHERE o.status = 'pending' AND NOT o.parked AND %[3]s AND NOT %[4]s
+    ORDER BY o.due_at, o.id
+    LIMIT $4),
+-- The nearest earlier pending row of each keyed candidate's key, if any.
+e AS MATERIALIZED (
+    SELECT c.id, c.key, CASE WHEN c.key <> '' THEN (
+        SELECT p.id FROM %[1]s p
+        WHERE p.key = c.key AND p.key <> '' AND p.status = 'pending' AND p.id < c.id
+        ORDER BY p.id DESC LIMIT 1) END AS before
+    FROM c),
+-- Heads: candidates with no earlier pending row. The row lock gives this
+-- claim the key; a head another transaction holds is skipped, never waited
+-- for. The lock re-checks the latest version of the row. (Here and in the
+-- other locks by id, the re-check is wrapped in COALESCE so that no partial
+-- index's predicate matches it: with statistics from an empty table the
+-- planner otherwise walked the whole walk index to find the ids, 580 ms for
+-- 1000 rows over 30k, instead of 1000 primary-key probes.)
+h AS MATERIALIZED (
+    SELECT o.id, o.key, o.attempts FROM %[1]s o
+    WHERE o.id = ANY(ARRAY(SELECT e.id FROM e WHERE e.before IS NULL))
+      AND COALESCE(o.status = 'pending' AND NOT o.parked AND o.due_at <= (SELECT t FROM clk), false)
+    ORDER BY o.id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED),
+-- Followers: after each head, the next pending rows of its key in id
+-- order (parked or not), up to the first one that is in flight or not due:
+-- a run the forwarder publishes in order. Each head gets a share of the
+-- batch, so the walk over followers stays bounded by it.
+f AS MATERIALIZED (
+    SELECT r.id, h.id AS head FROM h CROSS JOIN LATERAL (
+        SELECT q.id, bool_and(q.ok) OVER (ORDER BY q.id) AS run FROM (
+            SELECT p.id, (%[5]s AND NOT %[6]s) AS ok FROM %[1]s p
+            WHERE p.key = h.key AND p.key <> '' AND p.status = 'pending' AND p.id > h.id
+            ORDER BY p.id
+            LIMIT (SELECT GREATEST($1 / count(*), 1) FROM h)) q) r
+    WHERE h.key <> '' AND r.run),
+-- The batch: heads and followers in id order. A key's rows in it are a
+-- prefix of its run.
+b AS MATERIALIZED (
+    SELECT id, head FROM (SELECT id, id AS head FROM h UNION ALL SELECT id, head FROM f) x
+    ORDER BY id
+    LIMIT $1),
+-- Lock the followers too (a late write-back of an expired lease must not
+-- slip between), skipping the ones another transaction holds.
+fl AS MATERIALIZED (
+    SELECT o.id, o.key, o.attempts FROM %[1]s o
+    WHERE o.id = ANY(ARRAY(SELECT b.id FROM b WHERE b.id <> b.head))
+      AND COALESCE(o.status = 'pending' AND o.due_at <= (SELECT t FROM clk), false)
+    FOR UPDATE SKIP LOCKED),
+-- What this claim holds, per key up to the first row it could not lock.
+held AS MATERIALIZED (
+    SELECT x.id, x.key, x.attempts, x.head FROM (
+        SELECT b.id, b.head, COALESCE(h.key, fl.key) AS key, COALESCE(h.attempts, fl.attempts) AS attempts,
+            bool_and(h.id IS NOT NULL OR fl.id IS NOT NULL) OVER (PARTITION BY b.head ORDER BY b.id) AS ok
+        FROM b LEFT JOIN h ON h.id = b.id LEFT JOIN fl ON fl.id = b.id) x
+    WHERE x.ok),
+ins AS (%[7]s),
+-- Parking: a candidate behind an earlier pending row E of its key (other
+-- than this claim's own keys) is parked, but only while this claim holds E
+-- FOR SHARE: E cannot be acked or dead-lettered before this claim commits,
+-- and the ack that removes E then sees the parked row and unparks it if it
+-- has become its key's lowest. If E is locked, the candidate is left alone.
+pe AS MATERIALIZED (
+    SELECT o.id FROM %[1]s o
+    WHERE o.id = ANY(ARRAY(SELECT e.before FROM e WHERE e.before IS NOT NULL AND e.key NOT IN (SELECT h.key FROM h)))
+      AND o.status = 'pending'
+    FOR SHARE SKIP LOCKED),
+pc AS MATERIALIZED (
+    SELECT o.id FROM %[1]s o
+    WHERE o.id = ANY(ARRAY(SELECT e.id FROM e WHERE e.before IN (SELECT pe.id FROM pe)))
+      AND COALESCE(o.status = 'pending' AND NOT o.parked, false)
+    FOR UPDATE SKIP LOCKED),
+park AS (UPDATE %[1]s o SET parked = true FROM pc WHERE o.id = pc.id)
+-- Hand out a row only if every earlier row of its key in this batch got its
+-- lease too; the others come back with attempts 0 and Claim gives their
+-- lease back at once.
+SELECT o.id, o.uuid, o.topic, o.key, CASE WHEN a.whole THEN o.payload END, CASE WHEN a.whole THEN o.metadata END,
+    CASE WHEN a.whole THEN a.attempts ELSE 0 END, o.created_at
+FROM (
+    SELECT held.id, ins.attempts,
+        bool_and(ins.id IS NOT NULL) OVER (PARTITION BY held.head ORDER BY held.id) AS whole
+    FROM held LEFT JOIN ins ON ins.id = held.id) a
+JOIN %[1]s o ON o.id = a.id
+WHERE a.attempts IS NOT NULL
+ORDER BY o.id`, t, leases, due("o"), live("o"), due("p"), live("p"), takeLease("held"))
+	} else {
+		// Claimers run side by side: each locks its candidates (FOR UPDATE
+		// SKIP LOCKED, so they skip each other's rows) and leases them.
+		// Rows parked by strict claims before a switch are not walked: each
+		// ack unparks the next row of its key (promote), so they follow one
+		// by one.
+		claim = clk + fmt.Sprintf(`
+c AS MATERIALIZED (
+    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
+    WHERE o.status = 'pending' AND NOT o.parked AND %[3]s AND NOT %[4]s
+    ORDER BY o.due_at, o.id
+    LIMIT $1
+    FOR UPDATE OF o SKIP LOCKED),
+ins AS (%[5]s)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
-FROM ins JOIN c ON c.id = ins.id`, t, leases, due, leaseMap, leaseUntil, slotCount-1, head)
+FROM ins JOIN c ON c.id = ins.id
+ORDER BY c.id`, t, leases, due("o"), live("o"), takeLease("c"))
 	}
-	return queries{
-		// "Now" is one clock reading taken once the statement runs, after
-		// its snapshot (and, with strict ordering, after the advisory lock):
-		// not now(), the start of the transaction, which with strict ordering
-		// is when the claimer began to wait for the lock. With that stale
-		// now() a row committed meanwhile could be visible but not yet due
-		// (its due_at is its producer's transaction start) while a later row
-		// of its key, from a transaction that began earlier, was due: the
-		// later row was handed out first. Every visible row committed before
-		// this reading, so its default due time is behind it.
-		//
-		// The lease table is read once (an InitPlan: it holds only the rows
-		// in flight, plus the leases of crashed workers until they are taken
-		// over) into a jsonb object id -> whether the lease is live, and each
-		// candidate costs one lookup in it, like the strict-ordering map: the
-		// walk over the pending index then involves no join for the planner
-		// to choose. The candidates are read with the columns handed out, so
-		// the outbox rows are visited once.
-		claim: claim,
 
-		ack: ack,
-
-		nack: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = l.attempts, last_error = $3, due_at = $4
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
-
-		// Release gives the claim's attempt back.
-		release: fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
-
-		deadLetter: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
-
-		// The claim must walk the pending index in id order and stop after
-		// the batch. With statistics from when the table held few pending
-		// rows (a backlog that grew faster than autovacuum's ANALYZE: right
-		// after an outage, or a fresh table) the planner preferred reading
-		// every pending row and sorting them (on disk, payloads included):
-		// 70 ms instead of 19 for 1000 rows over a 30k backlog, and growing
-		// with it. Sorting is turned off for the claim's transaction only
-		// (is_local: the settings and the claim are sent as one batch, one
-		// round trip, which PostgreSQL runs as one implicit transaction).
-		//
-		// The same stale estimates (one candidate row) made the generic plan
-		// of the prepared statement join the 1000 leases to the 1000
-		// candidates with a nested loop: a million comparisons, 200-430 ms
-		// per claim (auto_explain, "Rows Removed by Join Filter: 999000").
-		// Nested loops are turned off too: the claim has no other join.
-		//
-		// Sequential scans are off too: a cached plan made while the lease
-		// table was small would go on scanning it whole once it has grown
-		// dead rows between two VACUUMs.
-		//
-		// And JIT: a disabled plan node costs 1e10 in the planner's
-		// arithmetic, far above jit_above_cost, and compiling the claim with
-		// LLVM took 600 ms for a claim that runs in under one.
-		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
-		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
-
-		// Write-backs read the lease table by id; with a plan cached while
-		// it was small they would scan it whole (see plan).
-		//
-		// Bitmap scans are off in both: a plain index scan of the lease
-		// table's primary key with id = ANY(...) takes the rows in id order,
-		// so an ack and a claim taking over expired leases of the same
-		// batch lock them in the same order and cannot deadlock; a bitmap
-		// scan would take them in heap order.
-		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
-		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
-
-		// A lease that ran out is not extended, even when nobody took it
-		// over yet: the forwarder may already have been overtaken.
-		extend: fmt.Sprintf(`UPDATE %s SET leased_until = clock_timestamp() + $3::bigint * interval '1 microsecond'
-WHERE id = ANY($1) AND leased_by = $2 AND leased_until > clock_timestamp()
-RETURNING id`, leases),
-
-		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),
-		join: fmt.Sprintf(`INSERT INTO %s (worker_id, seen_until) VALUES ($1, clock_timestamp() + interval '%d microseconds')
-ON CONFLICT (worker_id) DO UPDATE SET seen_until = GREATEST(%[1]s.seen_until, excluded.seen_until)`, workers, memberTTL.Microseconds()),
+	// lockRows locks the outbox rows a write-back touches, in id order,
+	// before anything else; with heads, also the lowest pending row of each
+	// key touched (an ack of a follower then waits for an ack of its head
+	// running at the same time, so the later of the two sees the other's
+	// effect when it promotes).
+	lockRows := func(ids string, heads bool) string {
+		extra := ""
+		if heads {
+			extra = fmt.Sprintf(`
+        UNION ALL
+        SELECT (SELECT p.id FROM %[1]s p WHERE p.key = k.key AND p.key <> '' AND p.status = 'pending' ORDER BY p.id LIMIT 1)
+        FROM (SELECT DISTINCT key FROM %[1]s WHERE id %[2]s AND key <> '') k`, t, ids)
+		}
+		return fmt.Sprintf(`ARRAY(SELECT o.id FROM %[1]s o WHERE o.id = ANY(ARRAY(SELECT id FROM %[1]s WHERE id %[2]s%[3]s)) AND o.status = 'pending'
+    ORDER BY o.id FOR UPDATE)`, t, ids, extra)
 	}
+	// fenced deletes the worker's leases of the given (locked) rows, lease
+	// rows locked in id order: the lease is the fence (a lease taken over by
+	// another worker has another leased_by, so the write-back matches
+	// nothing), and its attempts, which count claims whose lease ran out, go
+	// to the row.
+	fenced := func(rows string) string {
+		return fmt.Sprintf(`WITH l AS (
+    DELETE FROM %[1]s x WHERE x.id = ANY(ARRAY(
+        SELECT y.id FROM %[1]s y WHERE y.id = ANY(%[2]s) AND y.leased_by = $2 ORDER BY y.id FOR UPDATE))
+    RETURNING x.id, x.attempts)`, leases, rows)
+	}
+	// promote unparks, for each key of the rows in d, its lowest pending
+	// row other than those rows (d's deletes are not visible to the same
+	// statement).
+	promote := fmt.Sprintf(`,
+pr AS (
+    UPDATE %[1]s o SET parked = false
+    WHERE o.id = ANY(ARRAY(
+        SELECT (SELECT p.id FROM %[1]s p
+                WHERE p.key = k.key AND p.key <> '' AND p.status = 'pending' AND p.id <> ALL(ARRAY(SELECT id FROM d))
+                ORDER BY p.id LIMIT 1)
+        FROM (SELECT DISTINCT key FROM d WHERE key <> '') k))
+      AND o.parked)`, t)
+
+	// Ack: the outbox row is deleted and the delivery recorded in the narrow
+	// delivered table (an UPDATE to 'delivered' wrote a new version of the
+	// whole row and its index entries).
+	ackBody := func(rows string) string {
+		if c.DeleteOnAck {
+			return fenced(rows) + fmt.Sprintf(`,
+d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key)%s
+SELECT count(*) FROM d`, t, promote)
+		}
+		return fenced(rows) + fmt.Sprintf(`,
+d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
+    RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error)%s
+INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
+SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d`, t, promote, delivered)
+	}
+	deadBody := func(rows string) string {
+		return fenced(rows) + fmt.Sprintf(`,
+d AS (UPDATE %s o SET status = 'dead', parked = false, attempts = l.attempts, last_error = $3
+    FROM l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key)%s
+SELECT count(*) FROM d`, t, promote)
+	}
+
+	q := queries{claim: claim}
+	if strict {
+		// With strict ordering an ack or a dead-letter is two statements in
+		// one transaction (one round trip): the first locks the rows (and
+		// the heads of their keys); the second, with a snapshot taken once
+		// those locks are held, sees every row a claim parked behind them
+		// (a claim parks only while holding the row in front FOR SHARE) and
+		// unparks the new lowest pending row of each key.
+		q.lockAck = fmt.Sprintf("SELECT cardinality(%s)", lockRows("= ANY($1)", true))
+		q.ack = ackBody("$1")
+		q.lockDead = fmt.Sprintf("SELECT cardinality(%s)", lockRows("= $1", true))
+		q.deadLetter = deadBody("ARRAY[$1::bigint]")
+	} else {
+		// Without strict ordering nothing parks rows, so one statement sees
+		// every parked row (left by strict claims before a switch).
+		q.ack = ackBody(lockRows("= ANY($1)", false))
+		q.deadLetter = deadBody(lockRows("= $1", false))
+	}
+	// Nack and release leave the head the head: no promotion.
+	q.nack = fenced(lockRows("= $1", false)) + fmt.Sprintf(`
+UPDATE %s o SET attempts = l.attempts, last_error = $3, due_at = $4
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	// Release gives the claim's attempt back.
+	q.release = fenced(lockRows("= ANY($1)", false)) + fmt.Sprintf(`
+UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	// A lease that ran out is not extended, even when nobody took it over
+	// yet: the forwarder may already have been overtaken. Lease rows are
+	// locked in id order.
+	q.extend = fmt.Sprintf(`UPDATE %[1]s SET leased_until = clock_timestamp() + $3::bigint * interval '1 microsecond'
+WHERE id = ANY(ARRAY(SELECT id FROM %[1]s WHERE id = ANY($1) AND leased_by = $2 AND leased_until > clock_timestamp()
+    ORDER BY id FOR UPDATE))
+  AND leased_by = $2 AND leased_until > clock_timestamp()
+RETURNING id`, leases)
+	// unlease gives back leases a claim took but did not hand out.
+	q.unlease = fmt.Sprintf(`DELETE FROM %[1]s WHERE id = ANY(ARRAY(
+    SELECT id FROM %[1]s WHERE id = ANY($1) AND leased_by = $2 ORDER BY id FOR UPDATE))`, leases)
+	return q
 }
 
-// Claim implements [storage.Storage]. It sends the planner settings (with
-// strict ordering also the advisory lock) and the claim as one batch: one
-// round trip, one implicit transaction, and the claim's snapshot is taken
-// after the lock is held.
+// Claim implements [storage.Storage]: one statement, one round trip.
 func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 || p.WorkerID == "" {
 		return nil, fmt.Errorf("claim outbox rows: need BatchSize > 0, Lease > 0 and a WorkerID (got %d, %s, %q)", p.BatchSize, p.Lease, p.WorkerID)
 	}
 	args := []any{p.BatchSize, p.WorkerID, p.Lease.Microseconds()}
-	b := &pgx.Batch{}
-	if s.config.DisableStrictOrdering {
-		b.Queue(s.q.plan)
-	} else {
-		b.Queue(s.q.planLock, s.lockKey)
+	if !s.config.DisableStrictOrdering {
+		args = append(args, walkFactor*p.BatchSize)
 	}
-	b.Queue(s.q.claim, args...)
-	br := s.pool.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: planner settings or advisory lock: %w", s.table, err)
-	}
-	rows, err := br.Query()
+	rows, err := s.pool.Query(ctx, s.q.claim, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
 	}
@@ -349,21 +311,33 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	if err != nil {
 		return nil, err
 	}
-	// The batch is one implicit transaction, committed at its end: a failed
-	// commit means the leases were not taken, so the records must not be
-	// handed out.
-	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: commit: %w", s.table, err)
+	// A row that comes back with attempts 0 was leased but not handed out:
+	// an earlier row of its key in the same batch lost its lease to another
+	// claimer meanwhile. Its lease goes back at once (it would otherwise
+	// run out by itself).
+	var back []int64
+	out := recs[:0]
+	for _, r := range recs {
+		if r.Attempts == 0 {
+			back = append(back, r.ID)
+			continue
+		}
+		out = append(out, r)
 	}
-	return recs, nil
+	if len(back) > 0 {
+		if _, err := s.pool.Exec(ctx, s.q.unlease, back, p.WorkerID); err != nil {
+			return nil, fmt.Errorf("claim outbox rows from %s: give back %d leases: %w", s.table, len(back), err)
+		}
+	}
+	return out, nil
 }
 
-// Ack implements [storage.Storage]: the whole batch in one statement.
+// Ack implements [storage.Storage]: the whole batch in one round trip.
 func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 	if len(p.IDs) == 0 {
 		return nil
 	}
-	if err := s.exec(ctx, false, s.q.ack, p.IDs, p.WorkerID); err != nil {
+	if err := s.twoStep(ctx, s.q.lockAck, s.q.ack, p.IDs, p.WorkerID); err != nil {
 		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return nil
@@ -371,7 +345,7 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 
 // Nack implements [storage.Storage].
 func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
-	if err := s.writeBack(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt); err != nil {
+	if _, err := s.pool.Exec(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt); err != nil {
 		return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
 	}
 	return nil
@@ -382,7 +356,7 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 	if len(p.IDs) == 0 {
 		return nil
 	}
-	if err := s.writeBack(ctx, s.q.release, p.IDs, p.WorkerID, p.RetryAt); err != nil {
+	if _, err := s.pool.Exec(ctx, s.q.release, p.IDs, p.WorkerID, p.RetryAt); err != nil {
 		return fmt.Errorf("release %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return nil
@@ -390,12 +364,24 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 
 // DeadLetter implements [storage.Storage].
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
-	// No advisory lock: a dead row holds nothing back, so a claim running
-	// meanwhile may hand out the next row of its key either way.
-	if err := s.exec(ctx, false, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
+	if err := s.twoStep(ctx, s.q.lockDead, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
 		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
 	}
 	return nil
+}
+
+// twoStep runs lock (when set, with the first argument only) then sql, as
+// one batch: one round trip, one implicit transaction, and sql's snapshot is
+// taken once lock's row locks are held.
+func (s *Storage) twoStep(ctx context.Context, lock, sql string, args ...any) error {
+	if lock == "" {
+		_, err := s.pool.Exec(ctx, sql, args...)
+		return err
+	}
+	b := &pgx.Batch{}
+	b.Queue(lock, args[0])
+	b.Queue(sql, args...)
+	return s.pool.SendBatch(ctx, b).Close()
 }
 
 // Extend implements [storage.Storage].
@@ -415,50 +401,4 @@ func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, 
 		return nil, fmt.Errorf("extend the lease of %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return ids, nil
-}
-
-// writeBack runs a statement that makes leased rows unclaimable until a retry
-// time. With strict ordering it takes the claim lock first: a claim running
-// meanwhile could otherwise see such a row as claimable in its snapshot (its
-// lease expired), fail to take it over (the write-back deleted the lease),
-// and still hand out a later row of the same key, which its snapshot shows
-// as not held back.
-func (s *Storage) writeBack(ctx context.Context, sql string, args ...any) error {
-	return s.exec(ctx, !s.config.DisableStrictOrdering, sql, args...)
-}
-
-// exec runs a write-back with the planner settings and, when lock is set,
-// the advisory lock first: one round trip, one (implicit) transaction.
-func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) error {
-	b := &pgx.Batch{}
-	if lock {
-		b.Queue(s.q.writePlanLock, s.lockKey)
-	} else {
-		b.Queue(s.q.writePlan)
-	}
-	b.Queue(sql, args...)
-	return s.pool.SendBatch(ctx, b).Close()
-}
-
-// Join implements [storage.Membership]: the worker counts as a claimer for
-// memberTTL from now, so that the others leave it its share of the key slots
-// from their next claim on. A claim joins too; the forwarder calls Join when
-// Run starts, so that forwarders started together do not all claim from
-// every slot at first.
-func (s *Storage) Join(ctx context.Context, workerID string) error {
-	if _, err := s.pool.Exec(ctx, s.q.join, workerID); err != nil {
-		return fmt.Errorf("join %s as worker %q: %w", s.workers, workerID, err)
-	}
-	return nil
-}
-
-// Leave implements [storage.Membership]: the worker stops counting as a
-// claimer at once, so the other workers share its key slots from their next
-// claim on instead of after memberTTL. The forwarder calls it when Run
-// returns.
-func (s *Storage) Leave(ctx context.Context, workerID string) error {
-	if _, err := s.pool.Exec(ctx, s.q.leave, workerID); err != nil {
-		return fmt.Errorf("leave %s as worker %q: %w", s.workers, workerID, err)
-	}
-	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"time"
 
@@ -24,7 +23,8 @@ const TableDefault = "outbox"
 const maxIdentifierLen = 63
 
 // Config configures a [Storage]. The zero value is usable: table "outbox",
-// strict ordering on, no visibility delay, no LISTEN/NOTIFY.
+// strict ordering on, no visibility delay nor commit-order fence, no
+// LISTEN/NOTIFY.
 type Config struct {
 	// Table is the outbox table, optionally schema-qualified ("app.outbox").
 	// Each part must be a plain identifier: ASCII letters, digits and
@@ -34,8 +34,8 @@ type Config struct {
 
 	// DisableStrictOrdering turns strict per-key ordering off. With it on (the
 	// default) a record is held back while an earlier pending record with the
-	// same key is not claimable, and claims on one table are serialised by a
-	// transaction-scoped advisory lock.
+	// same key is not claimable; claimers of different keys do not wait for
+	// one another (see the package documentation).
 	DisableStrictOrdering bool
 
 	// VisibilityDelay makes Claim take only records created at least this long
@@ -43,6 +43,19 @@ type Config struct {
 	// not overtaken by later ids that committed first. Set it above your longest
 	// producer transaction. Defaults to 0 (no delay); must not be negative.
 	VisibilityDelay time.Duration
+
+	// CommitOrderFence makes Claim take only records whose inserting
+	// transaction is older than every transaction still running in the
+	// database (txid < pg_snapshot_xmin(pg_current_snapshot()), as
+	// watermill-sql does), so that a record is not delivered while an earlier
+	// transaction that may still commit records is open. Unlike
+	// VisibilityDelay it needs no guess of the longest transaction, but any
+	// long transaction anywhere in the database (a report, a migration, an
+	// idle session left in a transaction) holds delivery back until it ends:
+	// watch [Storage.FenceStats]. It covers producers whose transactions take
+	// their transaction id (their first write) in the order they insert outbox
+	// records; see the package documentation. Defaults to false.
+	CommitOrderFence bool
 
 	// DeleteOnAck makes Ack only delete delivered rows, without recording
 	// them in the delivered table ([Storage.DeliveredTable]). It writes less
@@ -124,7 +137,7 @@ func parseTable(name string) (pgx.Identifier, error) {
 
 // Storage is the PostgreSQL outbox storage over a pgx pool. It implements
 // [storage.Storage], [storage.Inserter], [storage.StatsReader] and
-// [storage.Maintainer] and [storage.Membership], and is safe for concurrent
+// [storage.Maintainer], and is safe for concurrent
 // use.
 type Storage struct {
 	pool   *pgxpool.Pool
@@ -133,9 +146,7 @@ type Storage struct {
 	ident     pgx.Identifier // table, as configured
 	table     string         // table, quoted for SQL
 	leases    string         // lease table, quoted for SQL
-	workers   string         // worker table (slot sharing), quoted for SQL
 	delivered string         // delivered table (one narrow row per acked record), quoted for SQL
-	lockKey   int64          // advisory lock serialising strict-ordering claims
 
 	q queries
 }
@@ -145,7 +156,6 @@ var (
 	_ storage.Inserter    = (*Storage)(nil)
 	_ storage.StatsReader = (*Storage)(nil)
 	_ storage.Maintainer  = (*Storage)(nil)
-	_ storage.Membership  = (*Storage)(nil)
 )
 
 // New returns a storage over pool. It validates config and does not touch the
@@ -167,12 +177,8 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 		table:  ident.Sanitize(),
 	}
 	s.leases = siblingName(ident, "leases")
-	s.workers = siblingName(ident, "workers")
 	s.delivered = siblingName(ident, "delivered")
-	h := fnv.New64a()
-	h.Write([]byte("txoutbox claim " + s.table))
-	s.lockKey = int64(h.Sum64())
-	s.q = buildQueries(s.table, s.leases, s.workers, s.delivered, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
+	s.q = buildQueries(s.table, s.leases, s.delivered, config)
 	return s, nil
 }
 
@@ -184,12 +190,6 @@ func (s *Storage) Table() string { return s.table }
 // example "app"."outbox_leases"). A forwarder's role needs SELECT, INSERT,
 // UPDATE and DELETE on it.
 func (s *Storage) LeaseTable() string { return s.leases }
-
-// WorkerTable returns the table of the workers that are claiming, as quoted
-// in SQL: the outbox table's name with the suffix "_workers", in the same
-// schema. Claims with strict ordering share the key slots among these
-// workers. A forwarder's role needs SELECT, INSERT, UPDATE and DELETE on it.
-func (s *Storage) WorkerTable() string { return s.workers }
 
 // DeliveredTable returns the table that records the delivered records, as
 // quoted in SQL: the outbox table's name with the suffix "_delivered", in the
