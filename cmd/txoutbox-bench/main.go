@@ -12,7 +12,10 @@
 // Scenarios: insert (producer msgs/s), drain (a backlog, msgs/s), steady
 // (producers and forwarders together), latency (commit-to-publish p50/p99 at
 // a fixed offered load; txoutbox woken by LISTEN/NOTIFY, Watermill polling),
-// rss (txoutbox forwarder peak RSS over a large backlog, in a child process).
+// rss (txoutbox forwarder peak RSS over a large backlog, in a child process),
+// outage (not in the default list: -outage-rows records all waiting for
+// their retry, spread over every key, then due; txoutbox's drain rate then
+// against its normal drain of the same records).
 // The target is an in-process publisher that sleeps -latency per Publish call
 // and counts deliveries per message: any lost message makes the command exit 1.
 package main
@@ -58,6 +61,7 @@ type options struct {
 	duration    time.Duration
 	wmPolls     []time.Duration
 	wmLatMsgs   int
+	outageRows  int
 	scenarios   map[string]bool
 	rssRows     int
 	rssDrain    int
@@ -121,6 +125,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.wmLatMsgs, "wm-latency-messages", 5000, "cap on messages of watermill drains with broker latency (it forwards one at a time)")
 	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,rss", "scenarios to run (list)")
 	fs.IntVar(&o.rssRows, "rss-rows", 1_000_000, "pending rows of the rss scenario")
+	fs.IntVar(&o.outageRows, "outage-rows", 200_000, "rows waiting for their retry in the outage scenario")
 	fs.IntVar(&o.rssDrain, "rss-drain", 200_000, "rows the rss child forwards before its peak RSS is read")
 	fs.BoolVar(&skipRSS, "skip-rss", false, "skip the rss scenario (inserting its backlog takes a while)")
 	fs.DurationVar(&o.runTimeout, "run-timeout", 5*time.Minute, "bound on each run; a run that outlives it counts its undelivered messages as lost")
@@ -168,7 +173,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	for _, s := range strings.Split(scenarios, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "insert", "drain", "steady", "latency", "rss":
+		case "insert", "drain", "steady", "latency", "rss", "outage":
 			o.scenarios[s] = true
 		case "":
 		default:
@@ -274,7 +279,7 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 		name string
 		fn   func(context.Context) error
 	}{
-		{"drain", b.drain}, {"insert", b.insert}, {"steady", b.steady}, {"latency", b.latency}, {"rss", b.rss},
+		{"drain", b.drain}, {"insert", b.insert}, {"steady", b.steady}, {"latency", b.latency}, {"rss", b.rss}, {"outage", b.outage},
 	}
 	for _, s := range steps {
 		if !o.scenarios[s.name] {
@@ -513,7 +518,7 @@ func (b *bench) finish(oc *outcome, s *sink) {
 
 // drainRun fills a backlog of n messages through the producers, then starts
 // the forwarders and times the drain.
-func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n int, latency time.Duration) (oc outcome, err error) {
+func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n int, latency time.Duration, before ...func(context.Context, relay) error) (oc outcome, err error) {
 	cfg.name = b.name(kind)
 	r := b.newRelay(kind, cfg)
 	defer func() { err = errors.Join(err, r.Teardown(context.WithoutCancel(ctx))) }()
@@ -524,6 +529,11 @@ func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n in
 		return oc, err
 	}
 	b.inserts[kind] = append(b.inserts[kind], oc.insert)
+	for _, fn := range before {
+		if err := fn(ctx, r); err != nil {
+			return oc, err
+		}
+	}
 	if err := b.settle(ctx); err != nil {
 		return oc, err
 	}
