@@ -160,3 +160,73 @@ func BenchmarkDrainWorkers(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkClaimHeld claims 100 rows (rolled back, so every claim sees the
+// same table) next to 0, 200k and 1M held-back rows in both shapes of
+// holdRows: the claim must cost the same. -benchtime=20x is plenty.
+func BenchmarkClaimHeld(b *testing.B) {
+	for _, manyKeys := range []bool{true, false} {
+		for _, held := range []int{0, 200_000, 1_000_000} {
+			b.Run(fmt.Sprintf("every_key=%v/held=%d", manyKeys, held), func(b *testing.B) {
+				s := newStore(b, Config{})
+				holdRows(b, s, held, manyKeys)
+				var free []storage.Record
+				for i := range 300 {
+					free = append(free, rec(fmt.Sprintf("free%d", i)))
+				}
+				insert(b, s, free...)
+				_, err := s.pool.Exec(b.Context(), "ANALYZE "+s.table)
+				must(b, err)
+				ctx := b.Context()
+				for b.Loop() {
+					tx, err := s.pool.Begin(ctx)
+					must(b, err)
+					rows, err := tx.Query(ctx, s.q.claim, 100, "w", time.Minute.Microseconds(), walkFactor*100)
+					must(b, err)
+					recs, err := scanClaimed(rows, s.table, 100)
+					must(b, err)
+					must(b, tx.Rollback(ctx))
+					if len(recs) != 100 {
+						b.Fatalf("claimed %d", len(recs))
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkDecode compares decoding claimed rows with decodeRaw (the wire
+// bytes) against pgx's own Scan, the only client-side work of a claim that
+// grows with the batch.
+func BenchmarkDecode(b *testing.B) {
+	s := newStore(b, Config{})
+	fill(b, s, 1000, 100)
+	ctx := b.Context()
+	q := fmt.Sprintf(`SELECT id, uuid, topic, key, payload, metadata, attempts, created_at FROM %s ORDER BY id`, s.table)
+	for _, raw := range []bool{true, false} {
+		b.Run(fmt.Sprintf("raw=%v", raw), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				rows, err := s.pool.Query(ctx, q)
+				must(b, err)
+				var topic string
+				n := 0
+				for rows.Next() {
+					var r storage.Record
+					if raw && decodeRaw(rows.RawValues(), &r, &topic) {
+						n++
+						continue
+					}
+					var attempts int32
+					var created time.Time
+					must(b, rows.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &r.Metadata, &attempts, &created))
+					n++
+				}
+				must(b, rows.Err())
+				if n != 1000 {
+					b.Fatalf("decoded %d", n)
+				}
+			}
+		})
+	}
+}

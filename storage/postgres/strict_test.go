@@ -164,7 +164,9 @@ func TestAckPromotesRowParkedMeanwhile(t *testing.T) {
 		var errs [3]error
 		wg.Go(func() { errs[0] = s.Ack(ctx, storage.AckParams{IDs: ids[:1], WorkerID: "w"}) })
 		wg.Go(func() { errs[1] = s.Ack(ctx, storage.AckParams{IDs: ids[1:2], WorkerID: "w"}) })
-		wg.Go(func() { _, errs[2] = s.Claim(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "x"}) })
+		wg.Go(func() {
+			_, errs[2] = s.Claim(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "x"})
+		})
 		wg.Wait()
 		must(t, errors.Join(errs[:]...))
 		checkInvariant(t, s)
