@@ -114,15 +114,19 @@ h AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED),
 -- Followers: after each head, the next pending rows of its key in id
 -- order (parked or not), up to the first one that is in flight or not due:
--- a run the forwarder publishes in order. Each head gets a share of the
--- batch, so the walk over followers stays bounded by it.
+-- a run the forwarder publishes in order. The batch is then filled in id
+-- order, so each head reads at most twice its share of it (at least 16, at
+-- most the batch), and when the heads fill the batch by themselves, only
+-- followers below the highest head: the rows read stay a small multiple of
+-- the batch, and one long run next to many single heads still fills it.
 f AS MATERIALIZED (
     SELECT r.id, h.id AS head FROM h CROSS JOIN LATERAL (
         SELECT q.id, bool_and(q.ok) OVER (ORDER BY q.id) AS run FROM (
             SELECT p.id, (%[5]s AND NOT %[6]s) AS ok FROM %[1]s p
             WHERE p.key = h.key AND p.key <> '' AND p.status = 'pending' AND p.id > h.id
+              AND p.id < (SELECT CASE WHEN count(*) >= $1 THEN max(id) ELSE 9223372036854775807 END FROM h)
             ORDER BY p.id
-            LIMIT (SELECT GREATEST($1 / count(*), 1) FROM h)) q) r
+            LIMIT (SELECT LEAST($1, GREATEST(ceil(2.0 * $1 / GREATEST(count(*), 1))::int, 16)) FROM h)) q) r
     WHERE h.key <> '' AND r.run),
 -- The batch: heads and followers in id order. A key's rows in it are a
 -- prefix of its run.
