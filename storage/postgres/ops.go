@@ -98,25 +98,6 @@ e AS MATERIALIZED (
         WHERE p.key = c.key AND p.key <> '' AND p.status = 'pending' AND p.id < c.id
         ORDER BY p.id DESC LIMIT 1) END AS before
     FROM c),
--- Which candidates behind an earlier row get parked: not those right behind
--- a row in flight, nor those right behind the next row in line (a due,
--- unparked row right behind a row in flight, or a head): they are about to
--- be claimed, and parking them would cost two writes (park, then unpark)
--- per record when the batch spans every key. At most two such rows per key
--- in flight stay in the walk; everything further back, and everything
--- behind a row waiting for its retry or parked, is parked.
-ep AS MATERIALIZED (
-    SELECT e.id, e.key, e.before FROM e
-    WHERE e.before IS NOT NULL
-      AND NOT EXISTS (SELECT FROM %[2]s l WHERE l.id = e.before AND l.leased_until > (SELECT t FROM clk))
-      AND NOT COALESCE((
-          SELECT b.due_at <= (SELECT t FROM clk) AND NOT b.parked AND NOT EXISTS (
-              SELECT FROM (
-                  SELECT p.id FROM %[1]s p
-                  WHERE p.key = e.key AND p.key <> '' AND p.status = 'pending' AND p.id < e.before
-                  ORDER BY p.id DESC LIMIT 1) b2
-              WHERE NOT EXISTS (SELECT FROM %[2]s l2 WHERE l2.id = b2.id AND l2.leased_until > (SELECT t FROM clk)))
-          FROM %[1]s b WHERE b.id = e.before), false)),
 -- Heads: candidates with no earlier pending row. The row lock gives this
 -- claim the key; a head another transaction holds is skipped, never waited
 -- for. The lock re-checks the latest version of the row. (Here and in the
@@ -175,12 +156,12 @@ ins AS (%[7]s),
 -- has become its key's lowest. If E is locked, the candidate is left alone.
 pe AS MATERIALIZED (
     SELECT o.id FROM %[1]s o
-    WHERE o.id = ANY(ARRAY(SELECT ep.before FROM ep WHERE ep.key NOT IN (SELECT h.key FROM h)))
+    WHERE o.id = ANY(ARRAY(SELECT e.before FROM e WHERE e.before IS NOT NULL AND e.key NOT IN (SELECT h.key FROM h)))
       AND o.status = 'pending'
     FOR SHARE SKIP LOCKED),
 pc AS MATERIALIZED (
     SELECT o.id FROM %[1]s o
-    WHERE o.id = ANY(ARRAY(SELECT ep.id FROM ep WHERE ep.key NOT IN (SELECT h.key FROM h) AND ep.before IN (SELECT pe.id FROM pe)))
+    WHERE o.id = ANY(ARRAY(SELECT e.id FROM e WHERE e.before IN (SELECT pe.id FROM pe)))
       AND COALESCE(o.status = 'pending' AND NOT o.parked, false)
     FOR UPDATE SKIP LOCKED),
 park AS (UPDATE %[1]s o SET parked = true FROM pc WHERE o.id = pc.id)
