@@ -181,6 +181,8 @@ func BenchmarkClaimHeld(b *testing.B) {
 				for b.Loop() {
 					tx, err := s.pool.Begin(ctx)
 					must(b, err)
+					_, err = tx.Exec(ctx, noJIT) // as Claim does
+					must(b, err)
 					rows, err := tx.Query(ctx, s.q.claim, 100, "w", time.Minute.Microseconds(), walkFactor*100)
 					must(b, err)
 					recs, err := scanClaimed(rows, s.table, 100)
