@@ -789,7 +789,7 @@ func explainClaim(t testing.TB, s *Storage, batch int, analyze bool, settings ..
 	ctx := context.Background()
 	tx, err := s.pool.Begin(ctx)
 	must(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck // test
+	defer tx.Rollback(ctx)                                     //nolint:errcheck // test
 	for _, set := range append([]string{noJIT}, settings...) { // as Claim sends it
 		_, err = tx.Exec(ctx, set)
 		must(t, err)
