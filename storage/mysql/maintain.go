@@ -79,11 +79,17 @@ func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, 
 	var b strings.Builder
 	b.WriteString("UPDATE " + s.table + ` SET status = 'pending', parked = 0, attempts = 0, last_error = NULL,
     leased_by = NULL, leased_until = NULL, due_at = UTC_TIMESTAMP(6) WHERE status = 'dead' AND `)
-	if len(p.IDs) > 0 {
+	switch {
+	case len(p.IDs) > 0:
 		b.WriteString("id IN (")
 		idList(&b, p.IDs)
 		b.WriteByte(')')
-	} else {
+	case p.Key != "":
+		b.WriteString("`key` = ")
+		strLit(&b, validText(p.Key))
+	case p.All:
+		b.WriteString("TRUE")
+	default:
 		b.WriteString("topic = ")
 		strLit(&b, validText(p.Topic))
 	}

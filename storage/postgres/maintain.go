@@ -88,14 +88,18 @@ WHERE status = 'dead' AND `, s.table)
 		return 0, fmt.Errorf("redrive outbox rows: %w", err)
 	}
 	var q string
-	var arg any
+	var args []any
 	switch {
 	case len(p.IDs) > 0:
-		q, arg = set+"id = ANY($1)", p.IDs
+		q, args = set+"id = ANY($1)", []any{p.IDs}
+	case p.Key != "":
+		q, args = set+"key = $1", []any{p.Key}
+	case p.All:
+		q = set + "true"
 	default:
-		q, arg = set+"topic = $1", p.Topic
+		q, args = set+"topic = $1", []any{p.Topic}
 	}
-	tag, err := s.pool.Exec(ctx, q, arg)
+	tag, err := s.pool.Exec(ctx, q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("redrive outbox rows in %s: %w", s.table, err)
 	}
