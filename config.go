@@ -26,10 +26,6 @@ const (
 	ShutdownTimeoutDefault    = 10 * time.Second
 	BookkeepingTimeoutDefault = 10 * time.Second
 
-	// MaxInFlightBatchesDefault is MaxInFlight's default in batches: the
-	// default bound is MaxInFlightBatchesDefault x BatchSize records.
-	MaxInFlightBatchesDefault = 2
-
 	BackoffBaseDefault   = time.Second
 	BackoffFactorDefault = 2.0
 	BackoffMaxDefault    = 5 * time.Minute
@@ -103,7 +99,10 @@ type ForwarderConfig struct {
 	// (published and acked, nacked, released or dead-lettered). The forwarder
 	// claims min(BatchSize, MaxInFlight - in flight) records whenever there is
 	// room for half a batch, so that work keeps flowing while slow keys
-	// finish. Defaults to MaxInFlightBatchesDefault (2) x BatchSize.
+	// finish. Defaults to BatchSize: with twice as many, claims ran while a
+	// whole batch was still in flight, and every claim then walked past the
+	// held-back records of the keys in flight (a no-op drain at batch 1000
+	// did 29k instead of 56k msgs/s, on twice the database CPU per message).
 	MaxInFlight int
 	// Lease is how long claimed records stay leased to this forwarder; another
 	// forwarder may claim them after it expires. The forwarder renews the
@@ -173,7 +172,7 @@ type ForwarderConfig struct {
 func (c *ForwarderConfig) setDefaults() {
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
 	if c.BatchSize > 0 {
-		c.MaxInFlight = cmp.Or(c.MaxInFlight, MaxInFlightBatchesDefault*c.BatchSize)
+		c.MaxInFlight = cmp.Or(c.MaxInFlight, c.BatchSize)
 	}
 	c.Lease = cmp.Or(c.Lease, LeaseDefault)
 	c.Concurrency = cmp.Or(c.Concurrency, ConcurrencyDefault)

@@ -717,7 +717,7 @@ func TestForwarderZeroConfigDoesNotWarn(t *testing.T) {
 		t.Fatalf("zero config logged %d errors, want none", n)
 	}
 	cfg := f.Config()
-	if cfg.MaxInFlight != txoutbox.MaxInFlightBatchesDefault*txoutbox.BatchSizeDefault || cfg.MaxAbandonedPublishes != txoutbox.ConcurrencyDefault {
+	if cfg.MaxInFlight != txoutbox.BatchSizeDefault || cfg.MaxAbandonedPublishes != txoutbox.ConcurrencyDefault {
 		t.Errorf("defaults MaxInFlight %d, MaxAbandonedPublishes %d", cfg.MaxInFlight, cfg.MaxAbandonedPublishes)
 	}
 	_, err = txoutbox.NewForwarder(&countingStorage{}, newRecorder(), txoutbox.ForwarderConfig{Lease: 500 * time.Millisecond, PublishTimeout: 500 * time.Millisecond}, nil)
