@@ -28,8 +28,10 @@ var ErrNoNotifyChannel = errors.New("postgres: Config.NotifyChannel is empty: no
 
 // Listen blocks until ctx is done, calling wake on every notification of
 // [Config.NotifyChannel] (after [Config.VisibilityDelay] when set); pass the
-// forwarder's Wake. It holds one dedicated connection outside the pool and,
-// when that connection drops, reconnects by itself with a backoff from
+// forwarder's Wake. It takes one connection from the pool (so the pool's
+// BeforeConnect and AfterConnect hooks apply) and keeps it outside the pool
+// for good (it no longer counts towards MaxConns); when that connection drops,
+// it reconnects by itself with a backoff from
 // [ListenBackoffMin] doubling to [ListenBackoffMax]. It also calls wake after
 // every (re)connect, so rows inserted while it was away are not left to the
 // next poll. It returns nil when ctx is done, and no timer or goroutine it
@@ -72,16 +74,19 @@ func (s *Storage) Listen(ctx context.Context, wake func()) error {
 // listenOnce runs one connection until it fails; connected reports whether
 // LISTEN succeeded, which resets the backoff.
 func (s *Storage) listenOnce(ctx context.Context, log watermill.LoggerAdapter, wake, notify func()) (connected bool, err error) {
-	cfg := s.pool.Config().ConnConfig
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	if cfg.RuntimeParams["application_name"] == "" {
-		cfg.RuntimeParams["application_name"] = ListenApplicationName
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	// The connection comes from the pool, through its own connect path
+	// (BeforeConnect, AfterConnect: rotating passwords, IAM tokens), and is
+	// then taken out of it for good: LISTEN needs a session of its own.
+	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
+	}
+	conn := pc.Hijack()
+	if _, ok := s.pool.Config().ConnConfig.RuntimeParams["application_name"]; !ok {
+		if _, err := conn.Exec(ctx, "SELECT set_config('application_name', $1, false)", ListenApplicationName); err != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+			return false, fmt.Errorf("set application_name: %w", err)
+		}
 	}
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)

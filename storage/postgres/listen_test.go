@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // listenStore returns a storage whose notify channel, unique to the test, is
@@ -295,4 +296,38 @@ func (l *captureLogger) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return strings.Join(l.lines, "\n")
+}
+
+// TestListenConnectsThroughThePool: the listener's connection goes through
+// the pool's BeforeConnect, here the only place that sets a user that
+// exists (as IAM or rotating-password auth would set a password).
+func TestListenConnectsThroughThePool(t *testing.T) {
+	t.Parallel()
+	base := newStore(t, Config{NotifyChannel: "hooked"})
+	cfg, err := pgxpool.ParseConfig(testDatabaseURL())
+	must(t, err)
+	realUser := cfg.ConnConfig.User
+	cfg.ConnConfig.User = "txoutbox_no_such_role"
+	var hooked atomic.Int64
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		hooked.Add(1)
+		cc.User = realUser
+		return nil
+	}
+	p, err := pgxpoolWithConfig(t, cfg)
+	must(t, err)
+	s, err := New(p, Config{Table: base.ident[0] + ".outbox", NotifyChannel: "hooked"})
+	must(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wakes atomic.Int64
+	done := make(chan error, 1)
+	go func() { done <- s.Listen(ctx, func() { wakes.Add(1) }) }()
+	waitFor(t, 10*time.Second, "the listener's first wake (connected)", func() bool { return wakes.Load() >= 1 })
+	insert(t, base, rec("a"))
+	waitFor(t, 10*time.Second, "a wake after an insert", func() bool { return wakes.Load() >= 2 })
+	cancel()
+	must(t, <-done)
+	if hooked.Load() == 0 {
+		t.Fatal("BeforeConnect never ran")
+	}
 }
