@@ -618,35 +618,6 @@ func TestStatsPurgeRedrive(t *testing.T) {
 	}
 }
 
-// TestRedriveByKeyAndAll re-drives the dead records of one key, then all
-// the others.
-func TestRedriveByKeyAndAll(t *testing.T) {
-	t.Parallel()
-	s := newStore(t, Config{})
-	ctx := t.Context()
-	ids := insert(t, s, recs("a", "b", "a", "")...)
-	claim(t, s, "w", 4, time.Minute)
-	for _, id := range ids {
-		must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: id, WorkerID: "w", Error: "x"}))
-	}
-	n, err := s.Redrive(ctx, storage.RedriveParams{Key: "a"})
-	must(t, err)
-	if n != 2 {
-		t.Fatalf("redrove %d by key a, want 2", n)
-	}
-	if got := claim(t, s, "w2", 10, time.Minute); !slices.Equal(idsOf(got), []int64{ids[0], ids[2]}) {
-		t.Fatalf("claim after redrive of key a = %v, want %v", idsOf(got), []int64{ids[0], ids[2]})
-	}
-	n, err = s.Redrive(ctx, storage.RedriveParams{All: true})
-	must(t, err)
-	if n != 2 {
-		t.Fatalf("redrove %d with All, want the 2 still dead", n)
-	}
-	if got := claim(t, s, "w3", 10, time.Minute); !slices.Equal(idsOf(got), []int64{ids[1], ids[3]}) {
-		t.Fatalf("claim after redrive of all = %v, want %v", idsOf(got), []int64{ids[1], ids[3]})
-	}
-}
-
 // TestPurgeInBatches purges more than one batch from the delivered table and
 // from outbox rows marked delivered in place (by an earlier version's ack),
 // and keeps what was delivered since the cut-off.

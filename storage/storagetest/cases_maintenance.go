@@ -67,6 +67,7 @@ func maintenanceCases() []testCase {
 	return []testCase{
 		{name: "RedriveByIDs", run: testRedriveByIDs},
 		{name: "RedriveByTopic", run: testRedriveByTopic},
+		{name: "RedriveByKeyAndAll", run: testRedriveByKeyAndAll},
 		{name: "RedriveRejectsAmbiguousParams", run: testRedriveRejectsAmbiguous},
 		{name: "PurgeDeletesOnlyDelivered", run: testPurge},
 	}
@@ -106,6 +107,31 @@ func testRedriveByIDs(t *testing.T, e *env) {
 	}
 	if got[0].Attempts != 1 {
 		t.Fatalf("Claim returned attempts %d for a re-driven record, want 1: Redrive resets attempts", got[0].Attempts)
+	}
+}
+
+// testRedriveByKeyAndAll re-drives the dead records of one key, then all
+// the others: every Maintainer takes the four ways of RedriveParams.
+func testRedriveByKeyAndAll(t *testing.T, e *env) {
+	m := maintainer(t, e)
+	all := e.insert("a", "b", "a", "")
+	e.claim("worker-1", 10, longLease)
+	for _, id := range all {
+		e.deadLetter("worker-1", id, "poison message")
+	}
+	n, err := m.Redrive(e.ctx, storage.RedriveParams{Key: "a"})
+	if err != nil || n != 2 {
+		t.Fatalf("Redrive of key a returned %d, %v; want 2, nil: it re-drives the dead records of that key", n, err)
+	}
+	if got := e.claim("worker-2", 10, longLease); !slices.Equal(ids(got), []int64{all[0], all[2]}) {
+		t.Fatalf("Claim returned records %v after re-driving key a, want %v", ids(got), []int64{all[0], all[2]})
+	}
+	n, err = m.Redrive(e.ctx, storage.RedriveParams{All: true})
+	if err != nil || n != 2 {
+		t.Fatalf("Redrive of all returned %d, %v; want 2, nil: it re-drives every dead record", n, err)
+	}
+	if got := e.claim("worker-3", 10, longLease); !slices.Equal(ids(got), []int64{all[1], all[3]}) {
+		t.Fatalf("Claim returned records %v after re-driving all, want %v", ids(got), []int64{all[1], all[3]})
 	}
 }
 
