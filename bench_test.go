@@ -1,6 +1,7 @@
 package txoutbox_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
@@ -48,10 +49,17 @@ func BenchmarkForwarderRound(b *testing.B) {
 	for _, tc := range []struct {
 		batch, keys int
 		timeout     bool
+		// size is BatchSize when the claim returns fewer records (a claim
+		// of what is pending under a steady load); 0: the claim fills it.
+		size int
 	}{
-		{100, 1000, true}, {100, 1000, false}, {1000, 1000, true}, {1000, 10, true}, {1000, 0, true},
+		{100, 1000, true, 0}, {100, 1000, false, 0}, {1000, 1000, true, 0}, {1000, 10, true, 0}, {1000, 0, true, 0},
+		{100, 1000, true, 1000},
 	} {
 		name := fmt.Sprintf("batch=%d/keys=%d/timeout=%v", tc.batch, tc.keys, tc.timeout)
+		if tc.size > 0 {
+			name += fmt.Sprintf("/size=%d", tc.size)
+		}
 		b.Run(name, func(b *testing.B) {
 			s := &staticStorage{}
 			for i := range tc.batch {
@@ -64,7 +72,7 @@ func BenchmarkForwarderRound(b *testing.B) {
 					Payload: make([]byte, 256), Metadata: map[string]string{"a": "b"}, Attempts: 1, CreatedAt: time.Now(),
 				})
 			}
-			cfg := txoutbox.ForwarderConfig{BatchSize: tc.batch}
+			cfg := txoutbox.ForwarderConfig{BatchSize: cmp.Or(tc.size, tc.batch)}
 			if !tc.timeout {
 				cfg.PublishTimeout = txoutbox.NoPublishTimeout
 			}

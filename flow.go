@@ -118,6 +118,10 @@ type session struct {
 	extMu   sync.Mutex
 	extDone chan struct{}
 
+	// unreported counts the claimed records neither taken by the completer
+	// nor settled by a lane: at zero, no more acks are coming for now.
+	unreported atomic.Int64
+
 	mu     sync.Mutex
 	result RunOnceResult
 	err    error // RunOnce: the claim's or an ack's error
@@ -363,6 +367,7 @@ func (s *session) claimed(ev event) {
 	b := &batch{unsettled: len(ev.records)}
 	b.deadline.Store(ev.started.Add(s.cfg.Lease).UnixNano())
 	s.inFlight += len(ev.records)
+	s.unreported.Add(int64(len(ev.records)))
 	s.batches = append(s.batches, b)
 	groups := groupByKey(ev.records)
 	if s.cfg.Concurrency > 1 {
@@ -439,7 +444,7 @@ func (s *session) releaseWaiting() {
 	s.release(recs, time.Now(), "stopping")
 	for _, g := range waiting {
 		g.finished = true
-		g.local.Store(int64(len(g.records)))
+		s.settleLocal(g, len(g.records))
 		s.settle(g, len(g.records))
 	}
 }
@@ -530,7 +535,8 @@ func (s *session) extended(x *extension) {
 
 // ackWindow is how long the completer gathers published records after the
 // first one before it acks them in one statement, unless a batch's worth
-// comes sooner. Acking whatever was queued at once made each ack a handful
+// comes sooner or every record claimed has been published or settled (no
+// more are coming until the next claim, which may wait for this ack). Acking whatever was queued at once made each ack a handful
 // of records and each its own commit: with a no-op target, a drain at batch
 // 1000 did half the messages per second on twice the database CPU per
 // message.
@@ -544,15 +550,17 @@ func (s *session) complete() {
 	timer.Stop()
 	for it := range s.acks {
 		items = append(items[:0], it)
+		more := s.unreported.Add(-1) > 0
 		timer.Reset(ackWindow)
 	gather:
-		for len(items) < s.cfg.BatchSize {
+		for more && len(items) < s.cfg.BatchSize {
 			select {
 			case it, ok := <-s.acks:
 				if !ok {
 					break gather
 				}
 				items = append(items, it)
+				more = s.unreported.Add(-1) > 0
 			case <-timer.C:
 				break gather
 			}
@@ -847,12 +855,19 @@ func (s *session) fail(g *group, i int, err error) bool {
 }
 
 // releaseRest releases g.records[from:], untried.
+// settleLocal counts n records of g as settled by a lane (nack, release,
+// dead-letter) rather than by the completer.
+func (s *session) settleLocal(g *group, n int) {
+	g.local.Add(int64(n))
+	s.unreported.Add(-int64(n))
+}
+
 func (s *session) releaseRest(g *group, from int, retryAt time.Time, why string) {
 	g.next.Store(int64(len(g.records)))
 	rest := g.records[from:]
 	if len(rest) == 0 {
 		return
 	}
-	g.local.Add(int64(len(rest)))
+	s.settleLocal(g, len(rest))
 	s.release(rest, retryAt, why)
 }

@@ -448,7 +448,7 @@ func (f *Forwarder) publish(msg *message.Message) ([]*message.Message, error) {
 
 func (s *session) nack(g *group, rec *storage.Record, cause error, retryAt time.Time) {
 	f := s.f
-	g.local.Add(1)
+	s.settleLocal(g, 1)
 	ctx, cancel := f.bookkeepingCtx(s.stop)
 	defer cancel()
 	err := f.store.Nack(ctx, storage.NackParams{ID: rec.ID, WorkerID: f.config.WorkerID, Error: cause.Error(), RetryAt: retryAt})
@@ -489,7 +489,7 @@ func (s *session) release(recs []storage.Record, retryAt time.Time, why string) 
 
 func (s *session) deadLetter(g *group, rec *storage.Record, reason string) {
 	f := s.f
-	g.local.Add(1)
+	s.settleLocal(g, 1)
 	ctx, cancel := f.bookkeepingCtx(s.stop)
 	defer cancel()
 	err := f.store.DeadLetter(ctx, storage.DeadLetterParams{ID: rec.ID, WorkerID: f.config.WorkerID, Error: reason})
