@@ -22,9 +22,10 @@ import (
 //   - Claims and lease extensions run one at a time on their own goroutine.
 //   - Lanes (up to Concurrency) pull ready groups and publish each one's
 //     records in order; a group of a key already in a lane waits behind it.
-//   - The completer acks published records: it takes the first that arrives,
-//     drains whatever else is queued, and acks them all in one call; while an
-//     ack is in flight the next ones accumulate.
+//   - The completer acks published records: from the first that arrives it
+//     gathers for up to ackWindow or a batch, or until every claimed record
+//     is published or settled, and acks them all in one call; while an ack
+//     is in flight the next ones accumulate.
 //   - A ticker every Lease/extendDivisor renews the leases of the records
 //     still held; a lane publishes a record only if the publish can finish
 //     (PublishTimeout) before the lease it knows of runs out.
