@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/txoutbox/txoutbox/internal/pgbouncertest"
 	"github.com/txoutbox/txoutbox/storage"
 	"github.com/txoutbox/txoutbox/storage/postgres"
 	"github.com/txoutbox/txoutbox/storage/sqlite"
@@ -604,4 +605,20 @@ func TestRedact(t *testing.T) {
 	if got := displayURL("postgres://u:pw123@h/db", newRedactor("postgres://u:pw123@h/db")); got != "postgres://u:xxxxx@h/db" {
 		t.Errorf("displayURL = %q", got)
 	}
+}
+
+// TestDoctorBehindPgBouncer runs doctor through PgBouncer in transaction
+// mode (Debian's package, run by the test): the command works through it
+// and reports that LISTEN does not.
+func TestDoctorBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	direct, schema := pgSchemaURL(t)
+	txoutbox(t, direct, "migrate", "up").want(t, 0, "migrated from version 0 to")
+	bouncer := pgbouncertest.Start(t, pgTestURL())
+	r := txoutbox(t, bouncer, "doctor", "--table", schema+".outbox")
+	r.want(t, 0, "LISTEN", "transaction-mode pooler", "Storage.Listen")
+	if strings.Contains(r.stdout, "problem") {
+		t.Fatalf("doctor through PgBouncer found a problem:\n%s", r.stdout)
+	}
+	txoutbox(t, direct, "doctor").want(t, 0, "LISTEN works")
 }
