@@ -159,9 +159,10 @@ func scanInfo(row pgx.Row) (storage.RecordInfo, error) {
 
 // ListDead implements [storage.Operator]: one page in id order. Only the
 // filters that are set go into the statement, so that each shape uses its
-// index: by key the dead_key index, by topic the dead index (topic, id),
-// otherwise the dead index read whole (it holds the dead rows only) and the
-// page sorted from it.
+// index: by key the dead_key index (key, id), by topic the dead index
+// (topic, id), otherwise the dead_id index (id), all partial indexes of the
+// dead rows: a page never walks the pending rows. A filter on the error text
+// or the age reads dead rows until the page is full.
 func (s *Storage) ListDead(ctx context.Context, params storage.ListDeadParams) ([]storage.RecordInfo, error) {
 	where := `o.status = 'dead' AND o.id > $1`
 	args := []any{params.AfterID}

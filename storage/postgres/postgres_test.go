@@ -126,7 +126,7 @@ func TestDerivedNamesStayDistinct(t *testing.T) {
 	long := pgx.Identifier{strings.Repeat("t", 63)}
 	seen := map[string]bool{}
 	for _, suffix := range []string{"pending_idx", "rescheduled_idx", "delivered_idx", "dead_idx", "notify", "notify_trg", "leases", "workers", "delivered", "delivered_at_idx",
-		"skipped", "migrations", "key_idx", "dead_key_idx", "failed_key_idx"} {
+		"skipped", "migrations", "key_idx", "dead_key_idx", "dead_id_idx", "failed_key_idx"} {
 		n := derivedName(long, suffix)
 		if len(n) > maxIdentifierLen || seen[n] {
 			t.Fatalf("derivedName(%s) = %q: too long or duplicate", suffix, n)
@@ -146,10 +146,10 @@ func TestCreateSchemaIsIdempotentAndLongNamesWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Primary key + 7, the lease, worker, skipped and migrations tables'
+	// Primary key + 8, the lease, worker, skipped and migrations tables'
 	// primary keys, the delivered table's index.
-	if n != 13 {
-		t.Fatalf("%d indexes, want 13", n)
+	if n != 14 {
+		t.Fatalf("%d indexes, want 14", n)
 	}
 	insert(t, s, recs("a", "")...)
 	if got := claim(t, s, "w", 10, time.Minute); len(got) != 2 {

@@ -1,6 +1,6 @@
 -- The operator's work: skipped records with their audit record, and the
 -- indexes that keep the operator's queries and hold-on-dead-letter bounded.
--- It adds a table and three partial indexes; no row is rewritten or moved.
+-- It adds a table and four partial indexes; no row is rewritten or moved.
 
 -- Skip: a dead record an operator gave up on moves here, with the
 -- operator's reason and the time (skipped_at), so that its key moves on and
@@ -26,6 +26,10 @@ CREATE INDEX IF NOT EXISTS {name:key_idx} ON {table} (key, id) WHERE status = 'p
 -- Dead rows by key: ListDead and Redrive by key, and with
 -- HoldOnDeadLetter the claim's check for a dead earlier record of a key.
 CREATE INDEX IF NOT EXISTS {name:dead_key_idx} ON {table} (key, id) WHERE status = 'dead' AND key <> '';
+
+-- Dead rows in id order: ListDead's pages, without walking the pending rows
+-- (a filter on the error text or the age reads the dead rows only).
+CREATE INDEX IF NOT EXISTS {name:dead_id_idx} ON {table} (id) WHERE status = 'dead';
 
 -- HoldOnDeadLetter: pending rows that failed before (nacked), whose key's
 -- later rows are then claimed only once they are delivered.
