@@ -4,6 +4,7 @@
 package pgbouncertest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -40,7 +41,8 @@ func Start(t testing.TB, serverURL string) string {
 	}
 	db := u.Path[1:]
 	userName := u.User.Username()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +87,7 @@ logfile = %s
 	if me, err := user.Current(); err == nil && me.Uid == "0" {
 		args = append([]string{"-u", "nobody"}, args...)
 	}
-	cmd := exec.Command(Binary, args...)
+	cmd := exec.CommandContext(context.Background(), Binary, args...) //nolint:gosec // the fixed binary, on a config file the test wrote
 	var stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Start(); err != nil {
@@ -100,14 +102,15 @@ logfile = %s
 	})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		d := net.Dialer{Timeout: time.Second}
+		c, err := d.DialContext(context.Background(), "tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err == nil {
 			_ = c.Close()
 			break
 		}
 		select {
 		case <-exited:
-			log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
+			log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log")) //nolint:gosec // the test's own temporary directory
 			t.Fatalf("pgbouncer exited: %v\n%s%s", waitErr, stderr.String(), log)
 		default:
 		}

@@ -335,3 +335,12 @@ func TestDiagnoseDetectsTransactionPooler(t *testing.T) {
 		t.Fatalf("LISTEN finding through PgBouncer in transaction mode: %+v, want a warning naming the pooler", listen)
 	}
 }
+
+// TestSlotColumnMatchesSlotCount: the slot column of step 1 is the hash of
+// the key modulo slotCount, as the claim assumes.
+func TestSlotColumnMatchesSlotCount(t *testing.T) {
+	want := fmt.Sprintf("(CASE WHEN key = '' THEN id %% %d ELSE hashtext(key) & %d END)", slotCount, slotCount-1)
+	if !strings.Contains(loadSteps()[0].up, want) {
+		t.Fatalf("step 1's slot column is not %s", want)
+	}
+}

@@ -7,12 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// slotOf is the slot of a row from its key and id columns, as the outbox
-// table's generated slot column computes it.
-func slotOf(key, id string) string {
-	return fmt.Sprintf("(CASE WHEN %[1]s = '' THEN %[2]s %% %[3]d ELSE hashtext(%[1]s) & %[4]d END)", key, id, slotCount, slotCount-1)
-}
-
 // siblingName is an object named after the table (derivedName) in the
 // table's schema, quoted for SQL: "app"."outbox_leases".
 func siblingName(table pgx.Identifier, suffix string) string {

@@ -17,7 +17,8 @@ CREATE TABLE IF NOT EXISTS {table} (
     last_error   TEXT,
     delivered_at TIMESTAMPTZ,
     -- Key slot: claimers with strict ordering share the slots, so that they
-    -- work on disjoint keys. Every row of a key has the same slot.
+    -- work on disjoint keys. Every row of a key has the same slot. 256 is
+    -- slotCount in ops.go.
     slot         SMALLINT    NOT NULL GENERATED ALWAYS AS ((CASE WHEN key = '' THEN id % 256 ELSE hashtext(key) & 255 END)::smallint) STORED
 );
 
