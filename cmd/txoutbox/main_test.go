@@ -509,6 +509,11 @@ func TestDoctor(t *testing.T) {
 		if f.kind == "postgres" {
 			index = "outbox_dead_key_idx"
 			txoutbox(t, f.url, "doctor").want(t, 0, "schema version", "schema drift", "privileges", "connection pooler")
+			// The forwarders' NotifyChannel: its trigger is missing until
+			// migrate up is told the channel.
+			txoutbox(t, f.url, "doctor", "--notify-channel", "wake").want(t, exitAttention, "migrate up --notify-channel wake")
+			txoutbox(t, f.url, "migrate", "up", "--notify-channel", "wake").want(t, 0)
+			txoutbox(t, f.url, "doctor", "--notify-channel", "wake").want(t, 0, "notifies channel wake")
 		} else {
 			txoutbox(t, f.url, "doctor").want(t, 0, "schema version", "schema drift", "journal mode", "wal")
 		}
