@@ -28,11 +28,12 @@ var outboxColumns = []string{"id", "uuid", "topic", "key", "payload", "metadata"
 //     outbox table's columns, exist;
 //   - notify trigger: with [Config.NotifyChannel], the trigger exists and
 //     notifies that channel; without it, whether a trigger is there at all;
-//   - privileges: what a forwarder's role needs on each table (SELECT,
-//     UPDATE and DELETE on the outbox table, INSERT for the producers;
-//     SELECT, INSERT, UPDATE and DELETE on the lease and worker tables;
-//     SELECT, INSERT and DELETE on the delivered table; SELECT and INSERT on
-//     the skipped table), for the role the storage connects as;
+//   - privileges, of the role the storage connects as: what a forwarder
+//     needs (a problem when missing: SELECT, UPDATE and DELETE on the outbox
+//     table; SELECT, INSERT, UPDATE and DELETE on the lease and worker
+//     tables; SELECT and INSERT on the delivered table; SELECT on the
+//     skipped table, which Stats counts), and what only Purge and Skip need
+//     (a warning: DELETE on the delivered table, INSERT on the skipped one);
 //   - LISTEN: a notification sent to a channel this connection listens on
 //     comes back within [ListenProbeTimeout]. It does not behind a
 //     transaction-mode pooler (PgBouncer pool_mode=transaction, Supavisor
@@ -114,22 +115,42 @@ func (s *Storage) Diagnose(ctx context.Context) ([]storage.Finding, error) {
 		add("notify trigger", storage.SeverityOK, "none: forwarders poll (set Config.NotifyChannel and run `txoutbox migrate up --notify-channel NAME` to wake them on insert)")
 	}
 
-	var lacking []string
-	for _, need := range []struct{ table, privs string }{
-		{s.table, "SELECT, INSERT, UPDATE, DELETE"},
-		{s.leases, "SELECT, INSERT, UPDATE, DELETE"},
-		{s.workers, "SELECT, INSERT, UPDATE, DELETE"},
-		{s.delivered, "SELECT, INSERT, DELETE"},
-		{s.skipped, "SELECT, INSERT"},
+	// What a forwarder needs (a problem when missing), then what only an
+	// operator's Purge and Skip need (a warning).
+	type need struct {
+		table, priv string
+		forwarder   bool
+	}
+	var needs []need
+	for _, n := range []struct {
+		table, privs string
+		forwarder    bool
+	}{
+		{s.table, "SELECT, UPDATE, DELETE", true},
+		{s.leases, "SELECT, INSERT, UPDATE, DELETE", true},
+		{s.workers, "SELECT, INSERT, UPDATE, DELETE", true},
+		{s.delivered, "SELECT, INSERT", true},
+		{s.skipped, "SELECT", true},
+		{s.delivered, "DELETE", false},
+		{s.skipped, "INSERT", false},
 	} {
-		for _, p := range strings.Split(need.privs, ", ") {
-			var ok *bool // NULL when the table is missing (reported as drift)
-			if err := s.pool.QueryRow(ctx, `SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE has_table_privilege(to_regclass($1), $2) END`,
-				need.table, p).Scan(&ok); err != nil {
-				return nil, fmt.Errorf("diagnose %s: read privileges: %w", s.table, err)
-			}
-			if ok != nil && !*ok {
-				lacking = append(lacking, p+" on "+strings.ReplaceAll(need.table, `"`, ""))
+		for _, p := range strings.Split(n.privs, ", ") {
+			needs = append(needs, need{n.table, p, n.forwarder})
+		}
+	}
+	var lacking, lackingOps []string
+	for _, n := range needs {
+		var ok *bool // NULL when the table is missing (reported as drift)
+		if err := s.pool.QueryRow(ctx, `SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE has_table_privilege(to_regclass($1), $2) END`,
+			n.table, n.priv).Scan(&ok); err != nil {
+			return nil, fmt.Errorf("diagnose %s: read privileges: %w", s.table, err)
+		}
+		if ok != nil && !*ok {
+			what := n.priv + " on " + strings.ReplaceAll(n.table, `"`, "")
+			if n.forwarder {
+				lacking = append(lacking, what)
+			} else {
+				lackingOps = append(lackingOps, what)
 			}
 		}
 	}
@@ -137,10 +158,13 @@ func (s *Storage) Diagnose(ctx context.Context) ([]storage.Finding, error) {
 	if err := s.pool.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
 		return nil, fmt.Errorf("diagnose %s: read the role: %w", s.table, err)
 	}
-	if len(lacking) > 0 {
-		add("privileges", storage.SeverityProblem, "role %s lacks %s: GRANT them to the forwarders' role", role, strings.Join(lacking, ", "))
-	} else {
-		add("privileges", storage.SeverityOK, "role %s has what a forwarder needs on every table", role)
+	switch {
+	case len(lacking) > 0:
+		add("privileges", storage.SeverityProblem, "role %s lacks %s, which a forwarder needs: GRANT them to the forwarders' role", role, strings.Join(lacking, ", "))
+	case len(lackingOps) > 0:
+		add("privileges", storage.SeverityWarning, "role %s has what a forwarder needs, but lacks %s (Purge and Skip need them)", role, strings.Join(lackingOps, ", "))
+	default:
+		add("privileges", storage.SeverityOK, "role %s has what a forwarder needs on every table, and Purge and Skip too", role)
 	}
 
 	switch ok, err := s.listenWorks(ctx); {
