@@ -210,11 +210,10 @@ func (s *Storage) CreateSchema(ctx context.Context) error { return s.Migrate(ctx
 // finds it and only records the step.
 func (s *Storage) Migrate(ctx context.Context) error {
 	steps := loadSteps()
-	upToDate := fmt.Sprintf(`SELECT CASE WHEN to_regclass(%[1]s) IS NULL THEN false
-    ELSE (SELECT max(version) FROM %[2]s) IS NOT DISTINCT FROM %[3]d AND %[4]s END`,
-		lit(s.MigrationTable()), s.MigrationTable(), len(steps), s.triggerOK())
-	// The fast path runs the query only when the version table exists: the
-	// CASE does not keep the planner from resolving the table name.
+	upToDate := fmt.Sprintf(`SELECT (SELECT max(version) FROM %s) IS NOT DISTINCT FROM %d AND %s`,
+		s.MigrationTable(), len(steps), s.triggerOK())
+	// The fast path: catalog reads and the version table only, when it
+	// exists (a query naming a missing table fails to plan).
 	var exists bool
 	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.MigrationTable()).Scan(&exists); err != nil {
 		return fmt.Errorf("migrate outbox schema %s: read the catalog: %w", s.table, err)

@@ -53,9 +53,10 @@ type Config struct {
 	// false.
 	DeleteOnAck bool
 
-	// NotifyChannel, when set, adds to the schema a trigger that sends a
-	// notification on this channel after every insert statement, and enables
-	// [Storage.Listen]. Same rules as a Table part. Defaults to "" (no trigger).
+	// NotifyChannel, when set, makes [Storage.Migrate] create (when missing)
+	// a trigger that sends a notification on this channel after every insert
+	// statement, and enables [Storage.Listen]. Same rules as a Table part.
+	// Defaults to "" (no trigger).
 	NotifyChannel string
 
 	// HoldOnDeadLetter makes a dead-lettered record hold back the later
