@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/storage"
 	"github.com/txoutbox/txoutbox/storage/memory"
+	"github.com/txoutbox/txoutbox/storage/postgres"
 	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
 
@@ -52,6 +53,13 @@ func TestForwarderHoldOnDeadLetter(t *testing.T) {
 					t.Fatal(err)
 				}
 				return idsOf(t, s, len(recs))
+			}
+		}},
+		{"postgres", func(t *testing.T) (storage.Storage, func(...storage.Record) []int64) {
+			pool := testPool(t)
+			s := newPostgresStorage(t, pool, postgres.Config{HoldOnDeadLetter: true})
+			return s, func(recs ...storage.Record) []int64 {
+				return postgresBackend(pool).insert(t, s, recs...)
 			}
 		}},
 	}

@@ -29,8 +29,7 @@ var screenshots = flag.Bool("screenshots", false, "write the browser test's scre
 
 // browserBackends are the real databases the browser test runs against: a
 // fresh outbox holding keys on dead-letter, and a func inserting records in
-// one transaction. PostgreSQL is one more entry once postgres.Storage
-// implements storage.Operator.
+// one transaction.
 var browserBackends = []struct {
 	name string
 	open func(t *testing.T) (storage.Storage, func(recs []storage.Record))
@@ -64,6 +63,7 @@ var browserBackends = []struct {
 			}
 		}
 	}},
+	{"postgres", openPostgresBrowser},
 }
 
 // chromium finds the browser, or skips (outside CI) saying how to get it.

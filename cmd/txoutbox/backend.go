@@ -9,6 +9,9 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/txoutbox/txoutbox/storage"
 	"github.com/txoutbox/txoutbox/storage/postgres"
 	"github.com/txoutbox/txoutbox/storage/sqlite"
@@ -31,15 +34,17 @@ type options struct {
 	url              string
 	table            string
 	hold             bool
-	create           bool // the command may create the database (migrate up)
-	skipSchemaCheck  bool // the command works on an old schema (migrate, doctor)
+	notifyChannel    string // PostgreSQL: the forwarders' Config.NotifyChannel
+	create           bool   // the command may create the database (migrate up)
+	skipSchemaCheck  bool   // the command works on an old schema (migrate, doctor)
 	jsonOut          bool
 	passwordRedactor *redactor
 }
 
 // open opens the outbox table the URL names. The storage comes from the
 // scheme; wiring another storage is one case here once it implements
-// storage.Operator and storage.Migrator.
+// storage.Operator and storage.Migrator. A PostgreSQL URL is handed to pgx
+// as is (postgres://user:password@host:5432/db?sslmode=...).
 func open(ctx context.Context, o options) (*backend, error) {
 	if o.url == "" {
 		return nil, usageError{"no database URL: set --database-url or TXOUTBOX_DATABASE_URL"}
@@ -49,13 +54,7 @@ func open(ctx context.Context, o options) (*backend, error) {
 	case "sqlite", "file":
 		return openSQLite(ctx, o)
 	case "postgres", "postgresql":
-		// postgres.Storage is wired here once it implements the operator
-		// API: open a pgxpool.Pool, postgres.New(pool, postgres.Config{Table:
-		// o.table}), and return it like openSQLite does.
-		if _, ok := any((*postgres.Storage)(nil)).(storage.Operator); !ok {
-			return nil, fmt.Errorf("%s URLs: %w (the PostgreSQL storage does not implement storage.Operator yet)", scheme, errUnsupported)
-		}
-		return nil, fmt.Errorf("%s URLs: %w", scheme, errUnsupported)
+		return openPostgres(ctx, o)
 	case "mysql":
 		return nil, fmt.Errorf("%s URLs: %w (the MySQL storage does not implement storage.Operator yet)", scheme, errUnsupported)
 	default:
@@ -108,6 +107,50 @@ func openSQLite(ctx context.Context, o options) (*backend, error) {
 	if !o.skipSchemaCheck {
 		if err := checkSchema(ctx, b.mig); err != nil {
 			_ = db.Close()
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// postgresStorage returns a storage over a pool for the URL; the pool
+// connects on first use only.
+func postgresStorage(ctx context.Context, o options) (*postgres.Storage, *pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(o.url)
+	if err != nil {
+		return nil, nil, usageError{fmt.Sprintf("database URL: %v", err)}
+	}
+	cfg.MaxConns = 4
+	// The simple protocol (parameters interpolated by pgx, quoted): no
+	// prepared statement outlives its statement, so the command works
+	// through a transaction-mode pooler too, which doctor reports.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	cfg.ConnConfig.RuntimeParams["application_name"] = "txoutbox"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := postgres.New(pool, postgres.Config{Table: o.table, HoldOnDeadLetter: o.hold, NotifyChannel: o.notifyChannel})
+	if err != nil {
+		pool.Close()
+		return nil, nil, usageError{err.Error()}
+	}
+	return s, pool, nil
+}
+
+func openPostgres(ctx context.Context, o options) (*backend, error) {
+	s, pool, err := postgresStorage(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	b := &backend{op: s, mig: s, diag: s, close: func() error { pool.Close(); return nil }}
+	if !o.skipSchemaCheck {
+		if err := checkSchema(ctx, b.mig); err != nil {
+			pool.Close()
 			return nil, err
 		}
 	}

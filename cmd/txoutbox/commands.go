@@ -96,6 +96,7 @@ func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&e.opts.url, "database-url", getenv(envDatabaseURL), "database URL (default $"+envDatabaseURL+")")
 	fs.StringVar(&e.opts.table, "table", sqlite.TableDefault, "outbox table name")
+	fs.StringVar(&e.opts.notifyChannel, "notify-channel", "", notifyChannelUsage)
 	fs.BoolVar(&e.opts.jsonOut, "json", false, "write JSON for scripts instead of aligned text")
 	if c.withHold {
 		fs.BoolVar(&e.opts.hold, "hold-on-dead-letter", false, "the forwarders run with HoldOnDeadLetter: a dead record holds back its key")
@@ -173,6 +174,8 @@ Example:
 `, envDatabaseURL, envDatabaseURL)
 }
 
+const notifyChannelUsage = "PostgreSQL: the forwarders' Config.NotifyChannel (migrate creates its trigger, doctor checks it)"
+
 func printCommandHelp(w io.Writer, c *command) {
 	fmt.Fprintf(w, "Usage: txoutbox %s [flags] %s\n\n%s\n", c.name, c.args, c.summary)
 	if c.details != "" {
@@ -182,6 +185,7 @@ func printCommandHelp(w io.Writer, c *command) {
 	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
 	fs.String("database-url", "", "database URL (default $"+envDatabaseURL+")")
 	fs.String("table", sqlite.TableDefault, "outbox table name")
+	fs.String("notify-channel", "", notifyChannelUsage)
 	fs.Bool("json", false, "write JSON for scripts instead of aligned text")
 	if c.withHold {
 		fs.Bool("hold-on-dead-letter", false, "the forwarders run with HoldOnDeadLetter: a dead record holds back its key")
@@ -343,8 +347,24 @@ func migrationsFor(o options) ([]storage.Migration, error) {
 			return nil, usageError{err.Error()}
 		}
 		return s.Migrations(), nil
+	case "postgres", "postgresql":
+		if !strings.Contains(o.url, "//") {
+			o.url = "postgres://localhost/unused" // never connected
+		}
+		s, pool, err := postgresStorage(context.Background(), o)
+		if err != nil {
+			return nil, err
+		}
+		defer pool.Close()
+		migs := s.Migrations()
+		if trg := s.TriggerSQL(); trg != "" {
+			// The trigger is no numbered step (it depends on the
+			// configuration): it goes with the last one.
+			migs[len(migs)-1].Up += trg
+		}
+		return migs, nil
 	case "":
-		return nil, usageError{"no database URL: set --database-url or TXOUTBOX_DATABASE_URL (for migrate sql the scheme is enough, e.g. sqlite:)"}
+		return nil, usageError{"no database URL: set --database-url or TXOUTBOX_DATABASE_URL (for migrate sql the scheme is enough, e.g. sqlite: or postgres:)"}
 	}
 	_, err := open(context.Background(), o)
 	return nil, err
@@ -768,7 +788,7 @@ var cmdPurge = &command{
 var cmdDoctor = &command{
 	name:    "doctor",
 	summary: "check the schema version and drift, indexes, settings, and the URL (exit 3 on a problem)",
-	details: "SQLite: schema version, drift (tables and indexes as the migrations make them), WAL\njournal mode, busy timeout. PostgreSQL URLs: whether the URL points at a\ntransaction-mode pooler (PgBouncer, Supavisor), where LISTEN does not work.",
+	details: "SQLite: schema version, drift (tables and indexes as the migrations make them), WAL\njournal mode, busy timeout. PostgreSQL: schema version, drift (tables, indexes, columns),\nthe notify trigger (of --notify-channel), the privileges a forwarder needs, and whether\nLISTEN works: a round trip of a notification, which a transaction-mode pooler (PgBouncer,\nSupavisor) drops; the URL is also checked for the usual pooler hosts and ports.",
 	example: "txoutbox doctor --json",
 	run: func(ctx context.Context, e *env) error {
 		findings := urlFindings(e.opts.url)

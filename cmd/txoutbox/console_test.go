@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/storage"
+	"github.com/txoutbox/txoutbox/storage/postgres"
 	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
 
@@ -37,35 +38,61 @@ func (b *consoleBuffer) String() string {
 	return b.b.String()
 }
 
-// consoleDB makes a migrated SQLite outbox with one dead record (key k,
-// holding one more record) and returns its URL.
-func consoleDB(t *testing.T) string {
+// consoleDB makes a migrated outbox (SQLite, or PostgreSQL in a schema of
+// its own) with one dead record (key k, holding one more record) and
+// returns its URL.
+func consoleDB(t *testing.T, kind string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "console.db")
-	db, err := sqlite.Open(path)
-	if err != nil {
-		t.Fatal(err)
+	var f fixture
+	if kind == "postgres" {
+		url, _ := pgSchemaURL(t)
+		pool := pgPool(t, url)
+		s, err := postgres.New(pool, postgres.Config{HoldOnDeadLetter: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		f = fixture{url: url, s: s, begin: func(t *testing.T) (any, func() error) {
+			tx, err := pool.Begin(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tx, func() error { return tx.Commit(context.Background()) }
+		}}
+	} else {
+		path := filepath.Join(t.TempDir(), "console.db")
+		db, err := sqlite.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		s, err := sqlite.New(db, sqlite.Config{HoldOnDeadLetter: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		f = fixture{url: "sqlite://" + path, s: s, begin: func(t *testing.T) (any, func() error) {
+			tx, err := db.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tx, tx.Commit
+		}}
 	}
-	defer func() { _ = db.Close() }()
-	s, err := sqlite.New(db, sqlite.Config{HoldOnDeadLetter: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := f.s
 	ctx := context.Background()
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := db.Begin()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx, commit := f.begin(t)
 	if err := s.Insert(ctx, tx, []storage.Record{
 		{UUID: "u1", Topic: "orders", Key: "k", Payload: []byte(`{"poison":"<script>x</script>"}`)},
 		{UUID: "u2", Topic: "orders", Key: "k", Payload: []byte("behind")},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := commit(); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "w"})
@@ -78,7 +105,7 @@ func consoleDB(t *testing.T) string {
 	if err := s.Release(ctx, storage.ReleaseParams{IDs: []int64{recs[1].ID}, WorkerID: "w", RetryAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	return "sqlite://" + path
+	return f.url
 }
 
 // startConsole runs `txoutbox console` in-process and returns its base URL
@@ -145,7 +172,13 @@ func consoleGet(t *testing.T, c *http.Client, u string) (int, string) {
 }
 
 func TestConsoleCommand(t *testing.T) {
-	dbURL := consoleDB(t)
+	for _, kind := range []string{"sqlite", "postgres"} {
+		t.Run(kind, func(t *testing.T) { testConsoleCommand(t, kind) })
+	}
+}
+
+func testConsoleCommand(t *testing.T, kind string) {
+	dbURL := consoleDB(t, kind)
 	base, stderr, stop := startConsole(t, dbURL, "--actions", "--hold-on-dead-letter", "--prefix", "/outbox")
 	if !strings.HasSuffix(base, "/outbox") {
 		t.Fatalf("served at %s, want the /outbox prefix", base)
@@ -223,7 +256,7 @@ func TestConsoleCommandRefusesOtherHostsWithoutPassword(t *testing.T) {
 
 func TestConsoleCommandBasicAuth(t *testing.T) {
 	t.Setenv(envConsolePassword, "s3cret-pass")
-	base, _, _ := startConsole(t, consoleDB(t))
+	base, _, _ := startConsole(t, consoleDB(t, "sqlite"))
 	c := &http.Client{}
 	res, err := c.Get(base + "/")
 	if err != nil {

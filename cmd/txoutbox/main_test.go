@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
-	"database/sql"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txoutbox/txoutbox/internal/pgbouncertest"
 	"github.com/txoutbox/txoutbox/storage"
+	"github.com/txoutbox/txoutbox/storage/postgres"
 	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
 
@@ -86,18 +92,51 @@ func (r result) json(t *testing.T, v any) {
 	}
 }
 
-// fixture is a migrated SQLite file with records in every state:
+// opStorage is what the tests use of a storage.
+type opStorage interface {
+	storage.Storage
+	storage.Operator
+	storage.Inserter
+}
+
+// fixture is a migrated outbox (SQLite file or PostgreSQL schema) with
+// records in every state:
 //
 //	a1 dead (poison), a2 a3 pending behind it; b1 dead; c1 leased, c2 behind
 //	it; d1 delivered (an hour ago, by the storage's clock); k keyless pending.
 type fixture struct {
-	url string
-	s   *sqlite.Storage
-	db  *sql.DB
-	ids map[string]int64
+	kind string // sqlite or postgres
+	url  string
+	s    opStorage
+	// exec runs a statement of the fixture's SQL dialect.
+	exec func(t *testing.T, query string, args ...any)
+	// begin starts a transaction for Insert.
+	begin func(t *testing.T) (tx any, commit func() error)
+	ids   map[string]int64
 }
 
-func newFixture(t *testing.T) fixture {
+// backends lists the fixtures every process test runs on.
+var backends = []struct {
+	name string
+	open func(t *testing.T) fixture
+}{
+	{"sqlite", openSQLiteFixture},
+	{"postgres", openPostgresFixture},
+}
+
+// forEachBackend runs test as a parallel subtest per backend, on a fresh
+// fixture.
+func forEachBackend(t *testing.T, test func(t *testing.T, f fixture)) {
+	t.Helper()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, fill(t, b.open(t)))
+		})
+	}
+}
+
+func openSQLiteFixture(t *testing.T) fixture {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "app.db")
 	url := "sqlite://" + path
@@ -111,13 +150,106 @@ func newFixture(t *testing.T) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	names := []string{"a1", "b1", "c1", "d1", "k", "a2", "a3", "c2"}
-	keys := map[string]string{"a1": "a", "a2": "a", "a3": "a", "b1": "b", "c1": "c", "c2": "c", "d1": "d", "k": ""}
-	tx, err := db.Begin()
+	return fixture{kind: "sqlite", url: url, s: s,
+		exec: func(t *testing.T, q string, args ...any) {
+			t.Helper()
+			if _, err := db.Exec(q, args...); err != nil {
+				t.Fatal(err)
+			}
+		},
+		begin: func(t *testing.T) (any, func() error) {
+			tx, err := db.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tx, tx.Commit
+		}}
+}
+
+// pgTestURL is the test database: TEST_DATABASE_URL or the local one.
+func pgTestURL() string {
+	return cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+}
+
+// pgPool connects to the test database, skipping the test when it does not
+// answer (failing with CI=true).
+func pgPool(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		msg := fmt.Sprintf("PostgreSQL not reachable at %s: %v", url, err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// pgSchemaURL creates a schema of its own for the test (dropped at its end)
+// and returns the test database's URL with that schema as search_path, so
+// the command's default table "outbox" lands in it.
+func pgSchemaURL(t *testing.T) (string, string) {
+	t.Helper()
+	admin := pgPool(t, pgTestURL())
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "txo_cmd_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(context.Background(), "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+	})
+	sep := "?"
+	if strings.Contains(pgTestURL(), "?") {
+		sep = "&"
+	}
+	return pgTestURL() + sep + "search_path=" + schema, schema
+}
+
+func openPostgresFixture(t *testing.T) fixture {
+	t.Helper()
+	url, _ := pgSchemaURL(t)
+	txoutbox(t, url, "migrate", "up").want(t, 0, "migrated from version 0 to")
+	pool := pgPool(t, url)
+	s, err := postgres.New(pool, postgres.Config{HoldOnDeadLetter: true})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return fixture{kind: "postgres", url: url, s: s,
+		exec: func(t *testing.T, q string, args ...any) {
+			t.Helper()
+			if _, err := pool.Exec(context.Background(), q, args...); err != nil {
+				t.Fatal(err)
+			}
+		},
+		begin: func(t *testing.T) (any, func() error) {
+			tx, err := pool.Begin(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tx, func() error { return tx.Commit(context.Background()) }
+		}}
+}
+
+// fill inserts the fixture's records and puts them in their states.
+func fill(t *testing.T, f fixture) fixture {
+	t.Helper()
+	s := f.s
+	ctx := context.Background()
+	names := []string{"a1", "b1", "c1", "d1", "k", "a2", "a3", "c2"}
+	keys := map[string]string{"a1": "a", "a2": "a", "a3": "a", "b1": "b", "c1": "c", "c2": "c", "d1": "d", "k": ""}
+	tx, commit := f.begin(t)
 	var recs []storage.Record
 	for _, n := range names {
 		topic := "orders"
@@ -130,7 +262,7 @@ func newFixture(t *testing.T) fixture {
 	if err := s.Insert(ctx, tx, recs); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := commit(); err != nil {
 		t.Fatal(err)
 	}
 	ids := map[string]int64{}
@@ -149,235 +281,253 @@ func newFixture(t *testing.T) fixture {
 	if err := s.Ack(ctx, storage.AckParams{IDs: []int64{ids["d1"]}, WorkerID: "fwd-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(`UPDATE outbox SET delivered_at = delivered_at - ? WHERE id = ?`, int64(time.Hour), ids["d1"]); err != nil {
-		t.Fatal(err)
+	if f.kind == "postgres" {
+		f.exec(t, `UPDATE outbox_delivered SET delivered_at = delivered_at - interval '1 hour' WHERE id = $1`, ids["d1"])
+	} else {
+		f.exec(t, `UPDATE outbox SET delivered_at = delivered_at - ? WHERE id = ?`, int64(time.Hour), ids["d1"])
 	}
-	return fixture{url: url, s: s, db: db, ids: ids}
+	f.ids = ids
+	return f
 }
 
 func TestMigrate(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	txoutbox(t, f.url, "migrate", "up").want(t, 0, "already at version")
-	r := txoutbox(t, f.url, "migrate", "status", "--json")
-	r.want(t, 0)
-	var st struct {
-		Current int `json:"current_version"`
-		Latest  int `json:"latest_version"`
-		Applied []struct {
-			Version int `json:"version"`
-		} `json:"applied"`
-	}
-	r.json(t, &st)
-	if st.Current != sqlite.LatestVersion() || st.Latest != st.Current || len(st.Applied) != st.Current {
-		t.Fatalf("migrate status: %+v", st)
-	}
-	txoutbox(t, f.url, "migrate", "status").want(t, 0, "VERSION", "hold_and_skip")
-	txoutbox(t, "", "--database-url", f.url, "--json", "migrate", "status").want(t, 0, `"current_version"`) // shared flags first
-
-	// Behind: exit 3, and the operating commands refuse to run.
-	if _, err := f.db.Exec(`DELETE FROM outbox_migrations WHERE version = ?`, sqlite.LatestVersion()); err != nil {
-		t.Fatal(err)
-	}
-	txoutbox(t, f.url, "migrate", "status").want(t, exitAttention, "not applied")
-	txoutbox(t, f.url, "status").want(t, exitError, "run `txoutbox migrate up`")
-	txoutbox(t, f.url, "migrate", "up").want(t, 0, fmt.Sprintf("to %d", sqlite.LatestVersion()))
-
-	r = txoutbox(t, "sqlite:", "migrate", "sql", "--table", "events")
-	r.want(t, 0, `CREATE TABLE IF NOT EXISTS "events"`, "-- txoutbox migration 2")
-	txoutbox(t, "sqlite:", "migrate", "sql", "--down").want(t, 0, `DROP INDEX IF EXISTS "outbox_failed_key"`)
-	for _, format := range []string{"golang-migrate", "goose"} {
-		dir := t.TempDir()
-		txoutbox(t, "sqlite:", "migrate", "sql", "--dir", dir, "--format", format).want(t, 0, "001_txoutbox_create_outbox")
-		entries, _ := os.ReadDir(dir)
-		want := 2 * sqlite.LatestVersion()
-		if format == "goose" {
-			want = sqlite.LatestVersion()
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		txoutbox(t, f.url, "migrate", "up").want(t, 0, "already at version")
+		r := txoutbox(t, f.url, "migrate", "status", "--json")
+		r.want(t, 0)
+		var st struct {
+			Current int `json:"current_version"`
+			Latest  int `json:"latest_version"`
+			Applied []struct {
+				Version int `json:"version"`
+			} `json:"applied"`
 		}
-		if len(entries) != want {
-			t.Fatalf("%s: %d files, want %d", format, len(entries), want)
+		r.json(t, &st)
+		latest, lastName := sqlite.LatestVersion(), "hold_and_skip"
+		if f.kind == "postgres" {
+			latest, lastName = postgres.LatestVersion(), "operator"
 		}
-	}
-	txoutbox(t, "sqlite:", "migrate", "sql", "--dir", t.TempDir(), "--format", "flyway").want(t, exitUsage, "--format")
+		if st.Current != latest || st.Latest != st.Current || len(st.Applied) != st.Current {
+			t.Fatalf("migrate status: %+v", st)
+		}
+		txoutbox(t, f.url, "migrate", "status").want(t, 0, "VERSION", lastName)
+		txoutbox(t, "", "--database-url", f.url, "--json", "migrate", "status").want(t, 0, `"current_version"`) // shared flags first
+
+		// Behind: exit 3, and the operating commands refuse to run.
+		f.exec(t, fmt.Sprintf(`DELETE FROM outbox_migrations WHERE version = %d`, latest))
+		txoutbox(t, f.url, "migrate", "status").want(t, exitAttention, "not applied")
+		txoutbox(t, f.url, "status").want(t, exitError, "run `txoutbox migrate up`")
+		txoutbox(t, f.url, "migrate", "up").want(t, 0, fmt.Sprintf("to %d", latest))
+		if f.kind == "postgres" {
+			r = txoutbox(t, "postgres:", "migrate", "sql", "--table", "app.events", "--notify-channel", "wake")
+			r.want(t, 0, `CREATE TABLE IF NOT EXISTS "app"."events"`, `"app"."events_leases"`, "-- txoutbox migration 2", "pg_notify('wake'")
+			txoutbox(t, "postgres:", "migrate", "sql", "--down").want(t, 0, `DROP INDEX IF EXISTS "outbox_failed_key_idx"`)
+			return
+		}
+
+		r = txoutbox(t, "sqlite:", "migrate", "sql", "--table", "events")
+		r.want(t, 0, `CREATE TABLE IF NOT EXISTS "events"`, "-- txoutbox migration 2")
+		txoutbox(t, "sqlite:", "migrate", "sql", "--down").want(t, 0, `DROP INDEX IF EXISTS "outbox_failed_key"`)
+		for _, format := range []string{"golang-migrate", "goose"} {
+			dir := t.TempDir()
+			txoutbox(t, "sqlite:", "migrate", "sql", "--dir", dir, "--format", format).want(t, 0, "001_txoutbox_create_outbox")
+			entries, _ := os.ReadDir(dir)
+			want := 2 * sqlite.LatestVersion()
+			if format == "goose" {
+				want = sqlite.LatestVersion()
+			}
+			if len(entries) != want {
+				t.Fatalf("%s: %d files, want %d", format, len(entries), want)
+			}
+		}
+		txoutbox(t, "sqlite:", "migrate", "sql", "--dir", t.TempDir(), "--format", "flyway").want(t, exitUsage, "--format")
+	})
 }
 
 func TestStatus(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	r := txoutbox(t, f.url, "status", "--hold-on-dead-letter", "--json")
-	r.want(t, exitAttention)
-	var st struct {
-		Pending, Leased, Dead, Delivered, Forwarders int64
-		HeldKeyCount                                 int64 `json:"held_key_count"`
-		HeldKeys                                     []struct {
-			Key      string `json:"key"`
-			HeadID   int64  `json:"head_id"`
-			Reason   string `json:"reason"`
-			LeasedBy string `json:"leased_by"`
-			Behind   int64  `json:"behind"`
-		} `json:"held_keys"`
-	}
-	r.json(t, &st)
-	if st.Pending != 5 || st.Leased != 1 || st.Dead != 2 || st.Delivered != 1 || st.Forwarders != 1 || st.HeldKeyCount != 3 {
-		t.Fatalf("status: %+v", st)
-	}
-	got := fmt.Sprint(st.HeldKeys)
-	want := fmt.Sprintf("[{a %d dead  2} {b %d dead  0} {c %d leased fwd-1 1}]", f.ids["a1"], f.ids["b1"], f.ids["c1"])
-	if got != want {
-		t.Fatalf("held keys %s, want %s", got, want)
-	}
-	txoutbox(t, f.url, "status").want(t, exitAttention, "forwarders seen", "leased by fwd-1 until", "2 dead record(s), 0 key(s) held by a failing or dead record")
-	// Only a key held by a record in flight: nothing needs an operator.
-	if n, err := f.s.Redrive(context.Background(), storage.RedriveParams{All: true}); err != nil || n != 2 {
-		t.Fatal(n, err)
-	}
-	txoutbox(t, f.url, "status", "--hold-on-dead-letter").want(t, 0, "leased by fwd-1")
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		r := txoutbox(t, f.url, "status", "--hold-on-dead-letter", "--json")
+		r.want(t, exitAttention)
+		var st struct {
+			Pending, Leased, Dead, Delivered, Forwarders int64
+			HeldKeyCount                                 int64 `json:"held_key_count"`
+			HeldKeys                                     []struct {
+				Key      string `json:"key"`
+				HeadID   int64  `json:"head_id"`
+				Reason   string `json:"reason"`
+				LeasedBy string `json:"leased_by"`
+				Behind   int64  `json:"behind"`
+			} `json:"held_keys"`
+		}
+		r.json(t, &st)
+		if st.Pending != 5 || st.Leased != 1 || st.Dead != 2 || st.Delivered != 1 || st.Forwarders != 1 || st.HeldKeyCount != 3 {
+			t.Fatalf("status: %+v", st)
+		}
+		got := fmt.Sprint(st.HeldKeys)
+		want := fmt.Sprintf("[{a %d dead  2} {b %d dead  0} {c %d leased fwd-1 1}]", f.ids["a1"], f.ids["b1"], f.ids["c1"])
+		if got != want {
+			t.Fatalf("held keys %s, want %s", got, want)
+		}
+		txoutbox(t, f.url, "status").want(t, exitAttention, "forwarders seen", "leased by fwd-1 until", "2 dead record(s), 0 key(s) held by a failing or dead record")
+		// Only a key held by a record in flight: nothing needs an operator.
+		if n, err := f.s.Redrive(context.Background(), storage.RedriveParams{All: true}); err != nil || n != 2 {
+			t.Fatal(n, err)
+		}
+		txoutbox(t, f.url, "status", "--hold-on-dead-letter").want(t, 0, "leased by fwd-1")
+	})
 }
 
 func TestDeadListAndShow(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	r := txoutbox(t, f.url, "dead", "list", "--json")
-	r.want(t, 0)
-	var list []struct {
-		ID        int64  `json:"id"`
-		Key       string `json:"key"`
-		LastError string `json:"last_error"`
-		Payload   string `json:"payload"`
-	}
-	r.json(t, &list)
-	if len(list) != 2 || list[0].ID != f.ids["a1"] || list[1].ID != f.ids["b1"] || list[0].Payload != "" {
-		t.Fatalf("dead list: %+v", list)
-	}
-	for _, c := range []struct {
-		args []string
-		want []int64
-	}{
-		{[]string{"--topic", "invoices"}, []int64{f.ids["b1"]}},
-		{[]string{"--key", "a"}, []int64{f.ids["a1"]}},
-		{[]string{"--error", "said no: b"}, []int64{f.ids["b1"]}},
-		{[]string{"--older-than", "1h"}, nil},
-		{[]string{"--after-id", fmt.Sprint(f.ids["a1"]), "--limit", "1"}, []int64{f.ids["b1"]}},
-	} {
-		var page []struct {
-			ID int64 `json:"id"`
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		r := txoutbox(t, f.url, "dead", "list", "--json")
+		r.want(t, 0)
+		var list []struct {
+			ID        int64  `json:"id"`
+			Key       string `json:"key"`
+			LastError string `json:"last_error"`
+			Payload   string `json:"payload"`
 		}
-		txoutbox(t, f.url, append([]string{"dead", "list", "--json"}, c.args...)...).json(t, &page)
-		var got []int64
-		for _, p := range page {
-			got = append(got, p.ID)
+		r.json(t, &list)
+		if len(list) != 2 || list[0].ID != f.ids["a1"] || list[1].ID != f.ids["b1"] || list[0].Payload != "" {
+			t.Fatalf("dead list: %+v", list)
 		}
-		if !slices.Equal(got, c.want) {
-			t.Errorf("dead list %v = %v, want %v", c.args, got, c.want)
+		for _, c := range []struct {
+			args []string
+			want []int64
+		}{
+			{[]string{"--topic", "invoices"}, []int64{f.ids["b1"]}},
+			{[]string{"--key", "a"}, []int64{f.ids["a1"]}},
+			{[]string{"--error", "said no: b"}, []int64{f.ids["b1"]}},
+			{[]string{"--older-than", "1h"}, nil},
+			{[]string{"--after-id", fmt.Sprint(f.ids["a1"]), "--limit", "1"}, []int64{f.ids["b1"]}},
+		} {
+			var page []struct {
+				ID int64 `json:"id"`
+			}
+			txoutbox(t, f.url, append([]string{"dead", "list", "--json"}, c.args...)...).json(t, &page)
+			var got []int64
+			for _, p := range page {
+				got = append(got, p.ID)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("dead list %v = %v, want %v", c.args, got, c.want)
+			}
 		}
-	}
-	txoutbox(t, f.url, "dead", "list").want(t, 0, "ID", "ERROR", "broker said no: a1")
+		txoutbox(t, f.url, "dead", "list").want(t, 0, "ID", "ERROR", "broker said no: a1")
 
-	r = txoutbox(t, f.url, "dead", "show", fmt.Sprint(f.ids["a1"]), "--json")
-	r.want(t, 0)
-	var rec struct {
-		Status, Payload, LastError string
-		Attempts                   int
-		Metadata                   map[string]string
-		PayloadEncoding            string `json:"payload_encoding"`
-	}
-	r.json(t, &rec)
-	if rec.Status != "dead" || rec.Payload != `{"name":"a1"}` || rec.PayloadEncoding != "text" || rec.Attempts != 1 || rec.Metadata["trace"] != "t-a1" {
-		t.Fatalf("dead show: %+v", rec)
-	}
-	txoutbox(t, f.url, "dead", "show", fmt.Sprint(f.ids["a1"])).want(t, 0, "payload (text)", `{"name":"a1"}`, "metadata trace", "broker said no: a1")
-	txoutbox(t, f.url, "dead", "show", "999").want(t, exitNotFound, "not found")
-	txoutbox(t, f.url, "dead", "show").want(t, exitUsage, "record ID")
-	txoutbox(t, f.url, "dead", "show", "abc").want(t, exitUsage, "positive integer")
+		r = txoutbox(t, f.url, "dead", "show", fmt.Sprint(f.ids["a1"]), "--json")
+		r.want(t, 0)
+		var rec struct {
+			Status, Payload, LastError string
+			Attempts                   int
+			Metadata                   map[string]string
+			PayloadEncoding            string `json:"payload_encoding"`
+		}
+		r.json(t, &rec)
+		if rec.Status != "dead" || rec.Payload != `{"name":"a1"}` || rec.PayloadEncoding != "text" || rec.Attempts != 1 || rec.Metadata["trace"] != "t-a1" {
+			t.Fatalf("dead show: %+v", rec)
+		}
+		txoutbox(t, f.url, "dead", "show", fmt.Sprint(f.ids["a1"])).want(t, 0, "payload (text)", `{"name":"a1"}`, "metadata trace", "broker said no: a1")
+		txoutbox(t, f.url, "dead", "show", "999").want(t, exitNotFound, "not found")
+		txoutbox(t, f.url, "dead", "show").want(t, exitUsage, "record ID")
+		txoutbox(t, f.url, "dead", "show", "abc").want(t, exitUsage, "positive integer")
+	})
 }
 
 func TestRedrive(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	txoutbox(t, f.url, "redrive").want(t, exitUsage, "exactly one of")
-	txoutbox(t, f.url, "redrive", "--key", "a", "--all").want(t, exitUsage, "exactly one of")
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		txoutbox(t, f.url, "redrive").want(t, exitUsage, "exactly one of")
+		txoutbox(t, f.url, "redrive", "--key", "a", "--all").want(t, exitUsage, "exactly one of")
 
-	r := txoutbox(t, f.url, "redrive", "--all", "--dry-run", "--json")
-	r.want(t, 0)
-	var dry struct {
-		DryRun bool    `json:"dry_run"`
-		Count  int     `json:"count"`
-		IDs    []int64 `json:"ids"`
-	}
-	r.json(t, &dry)
-	if !dry.DryRun || dry.Count != 2 || !slices.Equal(dry.IDs, []int64{f.ids["a1"], f.ids["b1"]}) {
-		t.Fatalf("dry run: %+v", dry)
-	}
-	txoutbox(t, f.url, "redrive", "--id", fmt.Sprintf("%d,%d", f.ids["a1"], f.ids["a2"]), "--dry-run").want(t, 0, fmt.Sprintf("would re-drive 1 dead record(s): %d", f.ids["a1"]))
-	if st, _ := f.s.Stats(context.Background()); st.Dead != 2 {
-		t.Fatalf("dry run changed something: %+v", st)
-	}
-	txoutbox(t, f.url, "redrive", "--key", "a").want(t, 0, "re-drove 1 dead record(s)")
-	txoutbox(t, f.url, "redrive", "--key", "a").want(t, 0, "re-drove 0 dead record(s)") // idempotent
-	txoutbox(t, f.url, "redrive", "--topic", "invoices").want(t, 0, "re-drove 1 dead record(s)")
-	// Key a flows again in id order: a1 first, then a2 and a3.
-	got, err := f.s.Claim(context.Background(), storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "fwd-2"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var a []int64
-	for _, r := range got {
-		if r.Key == "a" {
-			a = append(a, r.ID)
+		r := txoutbox(t, f.url, "redrive", "--all", "--dry-run", "--json")
+		r.want(t, 0)
+		var dry struct {
+			DryRun bool    `json:"dry_run"`
+			Count  int     `json:"count"`
+			IDs    []int64 `json:"ids"`
 		}
-	}
-	if !slices.Equal(a, []int64{f.ids["a1"], f.ids["a2"], f.ids["a3"]}) {
-		t.Fatalf("key a claimed %v after redrive, want a1 a2 a3 in id order", a)
-	}
+		r.json(t, &dry)
+		if !dry.DryRun || dry.Count != 2 || !slices.Equal(dry.IDs, []int64{f.ids["a1"], f.ids["b1"]}) {
+			t.Fatalf("dry run: %+v", dry)
+		}
+		txoutbox(t, f.url, "redrive", "--id", fmt.Sprintf("%d,%d", f.ids["a1"], f.ids["a2"]), "--dry-run").want(t, 0, fmt.Sprintf("would re-drive 1 dead record(s): %d", f.ids["a1"]))
+		if st, _ := f.s.Stats(context.Background()); st.Dead != 2 {
+			t.Fatalf("dry run changed something: %+v", st)
+		}
+		txoutbox(t, f.url, "redrive", "--key", "a").want(t, 0, "re-drove 1 dead record(s)")
+		txoutbox(t, f.url, "redrive", "--key", "a").want(t, 0, "re-drove 0 dead record(s)") // idempotent
+		txoutbox(t, f.url, "redrive", "--topic", "invoices").want(t, 0, "re-drove 1 dead record(s)")
+		// Key a flows again in id order: a1 first, then a2 and a3.
+		got, err := f.s.Claim(context.Background(), storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "fwd-2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a []int64
+		for _, r := range got {
+			if r.Key == "a" {
+				a = append(a, r.ID)
+			}
+		}
+		if !slices.Equal(a, []int64{f.ids["a1"], f.ids["a2"], f.ids["a3"]}) {
+			t.Fatalf("key a claimed %v after redrive, want a1 a2 a3 in id order", a)
+		}
+	})
 }
 
 func TestSkipAndPurge(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	a1 := fmt.Sprint(f.ids["a1"])
-	txoutbox(t, f.url, "skip", a1).want(t, exitUsage, "--reason is required")
-	txoutbox(t, f.url, "skip", fmt.Sprint(f.ids["a2"]), "--reason", "x").want(t, exitNotFound, "not dead-lettered")
-	txoutbox(t, f.url, "skip", "999", "--reason", "x").want(t, exitNotFound, "not found")
-	txoutbox(t, f.url, "skip", a1, "--reason", "customer deleted, OPS-1").want(t, 0, "skipped record "+a1)
-	r := txoutbox(t, f.url, "dead", "show", a1, "--json")
-	var rec struct {
-		Status     string `json:"status"`
-		SkipReason string `json:"skip_reason"`
-		Payload    string `json:"payload"`
-	}
-	r.json(t, &rec)
-	if rec.Status != "skipped" || rec.SkipReason != "customer deleted, OPS-1" || rec.Payload != `{"name":"a1"}` {
-		t.Fatalf("skipped record: %+v", rec)
-	}
-	// The key moves on at once: a2 is claimable although the storage holds keys on dead-letter.
-	got, err := f.s.Claim(context.Background(), storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "fwd-2"})
-	if err != nil || len(got) == 0 || !slices.ContainsFunc(got, func(r storage.Record) bool { return r.ID == f.ids["a2"] }) {
-		t.Fatalf("claim after skip: %v, %v; want a2 among them", got, err)
-	}
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		a1 := fmt.Sprint(f.ids["a1"])
+		txoutbox(t, f.url, "skip", a1).want(t, exitUsage, "--reason is required")
+		txoutbox(t, f.url, "skip", fmt.Sprint(f.ids["a2"]), "--reason", "x").want(t, exitNotFound, "not dead-lettered")
+		txoutbox(t, f.url, "skip", "999", "--reason", "x").want(t, exitNotFound, "not found")
+		txoutbox(t, f.url, "skip", a1, "--reason", "customer deleted, OPS-1").want(t, 0, "skipped record "+a1)
+		r := txoutbox(t, f.url, "dead", "show", a1, "--json")
+		var rec struct {
+			Status     string `json:"status"`
+			SkipReason string `json:"skip_reason"`
+			Payload    string `json:"payload"`
+		}
+		r.json(t, &rec)
+		if rec.Status != "skipped" || rec.SkipReason != "customer deleted, OPS-1" || rec.Payload != `{"name":"a1"}` {
+			t.Fatalf("skipped record: %+v", rec)
+		}
+		// The key moves on at once: a2 is claimable although the storage holds keys on dead-letter.
+		got, err := f.s.Claim(context.Background(), storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "fwd-2"})
+		if err != nil || len(got) == 0 || !slices.ContainsFunc(got, func(r storage.Record) bool { return r.ID == f.ids["a2"] }) {
+			t.Fatalf("claim after skip: %v, %v; want a2 among them", got, err)
+		}
 
-	txoutbox(t, f.url, "purge").want(t, exitUsage, "--older-than is required")
-	txoutbox(t, f.url, "purge", "--older-than", "2h").want(t, 0, "purged 0 delivered record(s)")
-	txoutbox(t, f.url, "purge", "--older-than", "30m", "--json").want(t, 0, `"purged": 1`)
+		txoutbox(t, f.url, "purge").want(t, exitUsage, "--older-than is required")
+		txoutbox(t, f.url, "purge", "--older-than", "2h").want(t, 0, "purged 0 delivered record(s)")
+		txoutbox(t, f.url, "purge", "--older-than", "30m", "--json").want(t, 0, `"purged": 1`)
+	})
 }
 
 func TestDoctor(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	txoutbox(t, f.url, "doctor").want(t, 0, "schema version", "schema drift", "journal mode", "wal")
-	if _, err := f.db.Exec(`DROP INDEX outbox_dead_key`); err != nil {
-		t.Fatal(err)
-	}
-	r := txoutbox(t, f.url, "doctor", "--json")
-	r.want(t, exitAttention, "outbox_dead_key is missing")
-	var findings []struct{ Check, Severity, Message string }
-	r.json(t, &findings)
-	if len(findings) < 4 {
-		t.Fatalf("findings: %+v", findings)
-	}
-	if _, err := f.db.Exec(`UPDATE outbox_migrations SET version = 99 WHERE version = 1`); err != nil {
-		t.Fatal(err)
-	}
-	txoutbox(t, f.url, "doctor").want(t, exitAttention, "newer than this build")
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		index := "outbox_dead_key"
+		if f.kind == "postgres" {
+			index = "outbox_dead_key_idx"
+			txoutbox(t, f.url, "doctor").want(t, 0, "schema version", "schema drift", "privileges", "connection pooler")
+			// The forwarders' NotifyChannel: its trigger is missing until
+			// migrate up is told the channel.
+			txoutbox(t, f.url, "doctor", "--notify-channel", "wake").want(t, exitAttention, "migrate up --notify-channel wake")
+			txoutbox(t, f.url, "migrate", "up", "--notify-channel", "wake").want(t, 0)
+			txoutbox(t, f.url, "doctor", "--notify-channel", "wake").want(t, 0, "notifies channel wake")
+		} else {
+			txoutbox(t, f.url, "doctor").want(t, 0, "schema version", "schema drift", "journal mode", "wal")
+		}
+		f.exec(t, `DROP INDEX `+index)
+		r := txoutbox(t, f.url, "doctor", "--json")
+		r.want(t, exitAttention, index+" is missing")
+		var findings []struct{ Check, Severity, Message string }
+		r.json(t, &findings)
+		if len(findings) < 4 {
+			t.Fatalf("findings: %+v", findings)
+		}
+		f.exec(t, `UPDATE outbox_migrations SET version = 99 WHERE version = 1`)
+		txoutbox(t, f.url, "doctor").want(t, exitAttention, "newer than this build")
+	})
 }
 
 func TestHelpAndUsage(t *testing.T) {
@@ -399,7 +549,7 @@ func TestHelpAndUsage(t *testing.T) {
 
 func TestUnsupportedSchemes(t *testing.T) {
 	t.Parallel()
-	for _, u := range []string{"postgres://app@db/app", "postgresql://app@db/app", "mysql://app@db/app"} {
+	for _, u := range []string{"mysql://app@db/app"} {
 		txoutbox(t, u, "status").want(t, exitError, "not supported yet by this build")
 	}
 }
@@ -460,4 +610,20 @@ func TestRedact(t *testing.T) {
 	if got := displayURL("postgres://u:pw123@h/db", newRedactor("postgres://u:pw123@h/db")); got != "postgres://u:xxxxx@h/db" {
 		t.Errorf("displayURL = %q", got)
 	}
+}
+
+// TestDoctorBehindPgBouncer runs doctor through PgBouncer in transaction
+// mode (Debian's package, run by the test): the command works through it
+// and reports that LISTEN does not.
+func TestDoctorBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	direct, schema := pgSchemaURL(t)
+	txoutbox(t, direct, "migrate", "up").want(t, 0, "migrated from version 0 to")
+	bouncer := pgbouncertest.Start(t, pgTestURL())
+	r := txoutbox(t, bouncer, "doctor", "--table", schema+".outbox")
+	r.want(t, 0, "LISTEN", "transaction-mode pooler", "Storage.Listen")
+	if strings.Contains(r.stdout, "problem") {
+		t.Fatalf("doctor through PgBouncer found a problem:\n%s", r.stdout)
+	}
+	txoutbox(t, direct, "doctor").want(t, 0, "LISTEN works")
 }

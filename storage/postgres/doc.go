@@ -3,7 +3,8 @@
 // Records live in one table of your database until they are delivered, their
 // live leases in a narrow second one, the workers claiming from it in a tiny
 // third one, and the delivered records in a narrow fourth one (see
-// [Storage.SchemaSQL] for the full DDL). Producers insert into it inside
+// [Storage.SchemaSQL] for the full DDL, [Storage.Migrate] for the versioned
+// migrations that make it). Producers insert into it inside
 // their own transaction with [Storage.Insert] (pgx.Tx or *sql.Tx on the pgx
 // stdlib driver); forwarders claim leased batches from it with one statement
 // per claim.
@@ -87,7 +88,7 @@
 //	if err != nil {
 //		return err
 //	}
-//	if err := store.CreateSchema(ctx); err != nil { // or put store.SchemaSQL() in a migration
+//	if err := store.Migrate(ctx); err != nil { // or export store.Migrations() to your tool
 //		return err
 //	}
 //	// In a producer's transaction:

@@ -15,17 +15,23 @@ const PurgeBatchSize = 1000
 // Stats implements [storage.StatsReader]. Each count reads one partial index,
 // the delivered count the delivered table (plus outbox rows marked delivered in
 // place, see [Storage.SchemaSQL]): it grows with the records not yet purged,
-// and is always 0 with [Config.DeleteOnAck].
+// and is always 0 with [Config.DeleteOnAck]. Skipped counts the skipped
+// table, Forwarders the distinct workers with a live lease (the lease table
+// holds the rows in flight only), HeldKeys the keys [Storage.HeldKeys] lists.
 func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 	q := fmt.Sprintf(`SELECT
     (SELECT count(*) FROM %[1]s WHERE status = 'pending'),
     (SELECT count(*) FROM %[2]s l JOIN %[1]s o ON o.id = l.id WHERE l.leased_until > now() AND o.status = 'pending'),
     (SELECT count(*) FROM %[3]s) + (SELECT count(*) FROM %[1]s WHERE status = 'delivered'),
     (SELECT count(*) FROM %[1]s WHERE status = 'dead'),
-    COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM %[1]s WHERE status = 'pending'), 0)`, s.table, s.leases, s.delivered)
+    COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM %[1]s WHERE status = 'pending'), 0),
+    (SELECT count(*) FROM %[4]s),
+    (SELECT count(DISTINCT leased_by) FROM %[2]s WHERE leased_until > now()),
+    (%[5]s)`, s.table, s.leases, s.delivered, s.skipped, s.heldKeysSQL(true))
 	var st storage.Stats
 	var age float64
-	if err := s.pool.QueryRow(ctx, q).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age); err != nil {
+	if err := s.pool.QueryRow(ctx, q, "").Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age,
+		&st.Skipped, &st.Forwarders, &st.HeldKeys); err != nil {
 		return storage.Stats{}, fmt.Errorf("outbox stats of %s: %w", s.table, err)
 	}
 	st.OldestPendingAge = max(time.Duration(age*float64(time.Second)), 0)
@@ -93,7 +99,7 @@ WHERE status = 'dead' AND `, s.table)
 	case len(p.IDs) > 0:
 		q, args = set+"id = ANY($1)", []any{p.IDs}
 	case p.Key != "":
-		q, args = set+"key = $1", []any{p.Key}
+		q, args = set+"key <> '' AND key = $1", []any{p.Key}
 	case p.All:
 		q = set + "true"
 	default:

@@ -30,7 +30,7 @@ type queries struct {
 	extend                                string
 }
 
-func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck bool) queries {
+func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead bool) queries {
 	// A row is claimable when it is pending, due and not under a live lease.
 	due := "o.due_at <= (SELECT t FROM clk)"
 	if visibility > 0 {
@@ -61,8 +61,8 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
             WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''
             UNION ALL
             SELECT e.key, e.id FROM %[1]s e
-            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)
-        ) u GROUP BY u.key) h)`, t, leases)
+            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)%[3]s
+        ) u GROUP BY u.key) h)`, t, leases, holdDeadRows(t, holdDead))
 	}
 	// Every write-back deletes the worker's lease and updates the outbox row
 	// in one statement: the lease is the fence (a lease taken over by another

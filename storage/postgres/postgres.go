@@ -53,10 +53,22 @@ type Config struct {
 	// false.
 	DeleteOnAck bool
 
-	// NotifyChannel, when set, adds to the schema a trigger that sends a
-	// notification on this channel after every insert statement, and enables
-	// [Storage.Listen]. Same rules as a Table part. Defaults to "" (no trigger).
+	// NotifyChannel, when set, makes [Storage.Migrate] create (when missing)
+	// a trigger that sends a notification on this channel after every insert
+	// statement, and enables [Storage.Listen]. Same rules as a Table part.
+	// Defaults to "" (no trigger).
 	NotifyChannel string
+
+	// HoldOnDeadLetter makes a dead-lettered record hold back the later
+	// records of its key until it is re-driven or skipped (pg-boss calls
+	// these blocked keys), so that a poison message never breaks the order
+	// of its key. A record that failed before is then claimed without the
+	// later records of its key, so that a forwarder cannot publish them in
+	// the same batch after dead-lettering it. Needs strict ordering. Each
+	// claim then also reads the dead and failed keyed rows (two partial
+	// indexes): keep the dead letters few (re-drive or skip them). Defaults
+	// to false: a dead record lets its key move on.
+	HoldOnDeadLetter bool
 
 	// Logger receives the listener's connection events. Defaults to
 	// watermill.NopLogger.
@@ -81,6 +93,9 @@ func (c Config) Validate() error {
 		if err := checkIdentifier(c.NotifyChannel); err != nil {
 			return fmt.Errorf("Config.NotifyChannel: %w", err)
 		}
+	}
+	if c.HoldOnDeadLetter && c.DisableStrictOrdering {
+		return errors.New("Config.HoldOnDeadLetter needs strict ordering (unset DisableStrictOrdering)")
 	}
 	if c.VisibilityDelay < 0 {
 		return fmt.Errorf("Config.VisibilityDelay is %s: must be >= 0", c.VisibilityDelay)
@@ -123,9 +138,10 @@ func parseTable(name string) (pgx.Identifier, error) {
 }
 
 // Storage is the PostgreSQL outbox storage over a pgx pool. It implements
-// [storage.Storage], [storage.Inserter], [storage.StatsReader] and
-// [storage.Maintainer] and [storage.Membership], and is safe for concurrent
-// use.
+// [storage.Storage], [storage.Inserter], [storage.StatsReader],
+// [storage.Maintainer], [storage.Membership], [storage.Operator],
+// [storage.Migrator], [storage.Diagnoser] and [storage.DeadLetterHolder],
+// and is safe for concurrent use.
 type Storage struct {
 	pool   *pgxpool.Pool
 	config Config
@@ -135,6 +151,7 @@ type Storage struct {
 	leases    string         // lease table, quoted for SQL
 	workers   string         // worker table (slot sharing), quoted for SQL
 	delivered string         // delivered table (one narrow row per acked record), quoted for SQL
+	skipped   string         // skipped table (skipped records and their audit record), quoted for SQL
 	lockKey   int64          // advisory lock serialising strict-ordering claims
 
 	q queries
@@ -146,11 +163,16 @@ var (
 	_ storage.StatsReader = (*Storage)(nil)
 	_ storage.Maintainer  = (*Storage)(nil)
 	_ storage.Membership  = (*Storage)(nil)
+	_ storage.Operator    = (*Storage)(nil)
+	_ storage.Migrator    = (*Storage)(nil)
+	_ storage.Diagnoser   = (*Storage)(nil)
+
+	_ storage.DeadLetterHolder = (*Storage)(nil)
 )
 
 // New returns a storage over pool. It validates config and does not touch the
-// database: create the table with [Storage.CreateSchema] or your migration tool
-// ([Storage.SchemaSQL]).
+// database: create the tables with [Storage.Migrate] or your migration tool
+// ([Storage.Migrations], [Storage.SchemaSQL]).
 func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 	if pool == nil {
 		return nil, errors.New("postgres: nil pool (create one with pgxpool.New)")
@@ -169,10 +191,12 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 	s.leases = siblingName(ident, "leases")
 	s.workers = siblingName(ident, "workers")
 	s.delivered = siblingName(ident, "delivered")
+	s.skipped = siblingName(ident, "skipped")
 	h := fnv.New64a()
 	h.Write([]byte("txoutbox claim " + s.table))
 	s.lockKey = int64(h.Sum64())
-	s.q = buildQueries(s.table, s.leases, s.workers, s.delivered, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
+	s.q = buildQueries(s.table, s.leases, s.workers, s.delivered, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck,
+		config.HoldOnDeadLetter)
 	return s, nil
 }
 
@@ -204,3 +228,7 @@ func (s *Storage) DeliveredTable() string { return s.delivered }
 // StrictOrdering reports whether claims hold back records behind an earlier
 // unclaimable record of the same key.
 func (s *Storage) StrictOrdering() bool { return !s.config.DisableStrictOrdering }
+
+// HoldOnDeadLetter implements [storage.DeadLetterHolder]: it reports
+// [Config.HoldOnDeadLetter].
+func (s *Storage) HoldOnDeadLetter() bool { return s.config.HoldOnDeadLetter }

@@ -125,7 +125,8 @@ func TestDerivedNamesStayDistinct(t *testing.T) {
 	t.Parallel()
 	long := pgx.Identifier{strings.Repeat("t", 63)}
 	seen := map[string]bool{}
-	for _, suffix := range []string{"pending_idx", "rescheduled_idx", "delivered_idx", "dead_idx", "notify", "notify_trg", "leases", "workers", "delivered", "delivered_at_idx"} {
+	for _, suffix := range []string{"pending_idx", "rescheduled_idx", "delivered_idx", "dead_idx", "notify", "notify_trg", "leases", "workers", "delivered", "delivered_at_idx",
+		"skipped", "migrations", "key_idx", "dead_key_idx", "dead_id_idx", "failed_key_idx"} {
 		n := derivedName(long, suffix)
 		if len(n) > maxIdentifierLen || seen[n] {
 			t.Fatalf("derivedName(%s) = %q: too long or duplicate", suffix, n)
@@ -145,8 +146,10 @@ func TestCreateSchemaIsIdempotentAndLongNamesWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 8 { // primary key + 4, the lease and worker tables' primary keys, the delivered table's index
-		t.Fatalf("%d indexes, want 8", n)
+	// Primary key + 8, the lease, worker, skipped and migrations tables'
+	// primary keys, the delivered table's index.
+	if n != 14 {
+		t.Fatalf("%d indexes, want 14", n)
 	}
 	insert(t, s, recs("a", "")...)
 	if got := claim(t, s, "w", 10, time.Minute); len(got) != 2 {

@@ -10,7 +10,7 @@ import (
 )
 
 func harness(config Config) storagetest.Harness {
-	return storagetest.Harness{
+	h := storagetest.Harness{
 		New: func(t *testing.T) storage.Storage {
 			return newStore(t, config)
 		},
@@ -23,6 +23,12 @@ func harness(config Config) storagetest.Harness {
 		StrictOrdering: !config.DisableStrictOrdering,
 		Parallel:       true,
 	}
+	if !config.DisableStrictOrdering {
+		hold := config
+		hold.HoldOnDeadLetter = true
+		h.NewHoldOnDeadLetter = func(t *testing.T) storage.Storage { return newStore(t, hold) }
+	}
+	return h
 }
 
 func TestContractStrict(t *testing.T) {
