@@ -207,8 +207,9 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 	return nil
 }
 
-// DeadLetter implements [storage.Storage]: the row becomes dead and the next
-// row of its key is unparked, in one transaction.
+// DeadLetter implements [storage.Storage]: the row becomes dead and, unless
+// [Config.HoldOnDeadLetter] is set, the next row of its key is unparked, in
+// one transaction.
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		owned, keys, reps, err := s.lockOwned(ctx, tx, []int64{p.ID}, p.WorkerID, "")
@@ -216,11 +217,15 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 			return err
 		}
 		var b strings.Builder
-		b.WriteString("UPDATE " + s.table + " SET status = 'dead', leased_by = NULL, leased_until = NULL, parked = 0, last_error = ")
+		// A dead row's due_at is when it was dead-lettered.
+		b.WriteString("UPDATE " + s.table + " SET status = 'dead', leased_by = NULL, leased_until = NULL, parked = 0, due_at = UTC_TIMESTAMP(6), last_error = ")
 		strLit(&b, validText(p.Error))
 		fmt.Fprintf(&b, " WHERE id = %d", p.ID)
 		if _, err := tx.ExecContext(ctx, b.String()); err != nil {
 			return err
+		}
+		if s.hold {
+			return nil // the dead row holds its key: nothing moves on
 		}
 		return s.promote(ctx, tx, reps, keys)
 	})
