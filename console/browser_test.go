@@ -29,8 +29,7 @@ var screenshots = flag.Bool("screenshots", false, "write the browser test's scre
 
 // browserBackends are the real databases the browser test runs against: a
 // fresh outbox holding keys on dead-letter, and a func inserting records in
-// one transaction. PostgreSQL is one more entry once postgres.Storage
-// implements storage.Operator.
+// one transaction.
 var browserBackends = []struct {
 	name string
 	open func(t *testing.T) (storage.Storage, func(recs []storage.Record))
@@ -60,6 +59,14 @@ var browserBackends = []struct {
 				return
 			}
 			if err := tx.Commit(); err != nil {
+				t.Error(err)
+			}
+		}
+	}},
+	{"mysql", func(t *testing.T) (storage.Storage, func([]storage.Record)) {
+		s, db := newMySQL(t)
+		return s, func(recs []storage.Record) {
+			if _, err := insertMySQL(t, s, db, recs); err != nil {
 				t.Error(err)
 			}
 		}

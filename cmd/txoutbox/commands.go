@@ -343,6 +343,12 @@ func migrationsFor(o options) ([]storage.Migration, error) {
 			return nil, usageError{err.Error()}
 		}
 		return s.Migrations(), nil
+	case "mysql":
+		s, err := mysqlMigrations(o)
+		if err != nil {
+			return nil, err
+		}
+		return s.Migrations(), nil
 	case "":
 		return nil, usageError{"no database URL: set --database-url or TXOUTBOX_DATABASE_URL (for migrate sql the scheme is enough, e.g. sqlite:)"}
 	}
