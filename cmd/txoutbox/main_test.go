@@ -2,11 +2,15 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +20,10 @@ import (
 	"testing"
 	"time"
 
+	mysqldrv "github.com/go-sql-driver/mysql"
+
 	"github.com/txoutbox/txoutbox/storage"
+	mysqlstore "github.com/txoutbox/txoutbox/storage/mysql"
 	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
 
@@ -86,35 +93,185 @@ func (r result) json(t *testing.T, v any) {
 	}
 }
 
-// fixture is a migrated SQLite file with records in every state:
+// fixture is a migrated outbox table with records in every state:
 //
 //	a1 dead (poison), a2 a3 pending behind it; b1 dead; c1 leased, c2 behind
 //	it; d1 delivered (an hour ago, by the storage's clock); k keyless pending.
 type fixture struct {
-	url string
-	s   *sqlite.Storage
-	db  *sql.DB
-	ids map[string]int64
+	backend fixtureBackend
+	url     string
+	table   string // the command runs with --table table
+	s       fixtureStore
+	db      *sql.DB
+	ids     map[string]int64
 }
 
-func newFixture(t *testing.T) fixture {
+// fixtureStore is what the tests use of a storage.
+type fixtureStore interface {
+	storage.Storage
+	storage.Operator
+	storage.Inserter
+}
+
+// fixtureBackend is one database the command's tests run against.
+type fixtureBackend struct {
+	name string
+	// open makes an empty database (or a fresh table) and returns its URL
+	// and table; the test migrates it with the command.
+	open func(t *testing.T) (url, table string)
+	// store opens the storage (holding keys on dead-letter) on it.
+	store func(t *testing.T, url, table string) (fixtureStore, *sql.DB)
+	// ageDelivered moves a delivered record's delivery an hour back.
+	ageDelivered string
+	// latest is the schema version the migrations bring it to, and
+	// latestName the name of that step.
+	latest     int
+	latestName string
+	// dropIndex drops one of the outbox table's indexes; missingIndex is what
+	// doctor says about it; doctorOK are words of a healthy doctor run.
+	dropIndex, missingIndex string
+	doctorOK                []string
+}
+
+// fixtureBackends are the databases of the command's process tests: SQLite,
+// and MariaDB (TEST_MYSQL_DSN, default the local server) when it answers.
+func fixtureBackends(t *testing.T) []fixtureBackend {
+	bs := []fixtureBackend{{
+		name: "sqlite",
+		open: func(t *testing.T) (string, string) {
+			return "sqlite://" + filepath.Join(t.TempDir(), "app.db"), "outbox"
+		},
+		store: func(t *testing.T, url, table string) (fixtureStore, *sql.DB) {
+			path, err := sqlitePath(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			db, err := sqlite.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			s, err := sqlite.New(db, sqlite.Config{Table: table, HoldOnDeadLetter: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s, db
+		},
+		ageDelivered: `UPDATE {table} SET delivered_at = delivered_at - 3600000000000 WHERE id = ?`,
+		latest:       sqlite.LatestVersion(),
+		latestName:   "hold_and_skip",
+		dropIndex:    `DROP INDEX outbox_dead_key`,
+		missingIndex: "outbox_dead_key is missing",
+		doctorOK:     []string{"journal mode", "wal"},
+	}}
+	if dsn := testMySQLDSN(t); dsn != "" {
+		bs = append(bs, fixtureBackend{
+			name: "mysql",
+			open: func(t *testing.T) (string, string) {
+				cfg, err := mysqldrv.ParseDSN(dsn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				u := &url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName}
+				if cfg.Passwd != "" {
+					u.User = url.UserPassword(cfg.User, cfg.Passwd)
+				} else {
+					u.User = url.User(cfg.User)
+				}
+				var b [6]byte
+				_, _ = rand.Read(b[:])
+				table := "txo_cmd_" + hex.EncodeToString(b[:])
+				t.Cleanup(func() {
+					db, err := sql.Open("mysql", dsn)
+					if err == nil {
+						_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations")
+						_ = db.Close()
+					}
+				})
+				return u.String(), table
+			},
+			store: func(t *testing.T, _, table string) (fixtureStore, *sql.DB) {
+				db, err := sql.Open("mysql", dsn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { db.Close() })
+				s, err := mysqlstore.New(db, mysqlstore.Config{Table: table, HoldOnDeadLetter: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s, db
+			},
+			ageDelivered: `UPDATE {table} SET delivered_at = delivered_at - INTERVAL 1 HOUR WHERE id = ?`,
+			latest:       mysqlstore.LatestVersion(),
+			latestName:   "skipped",
+			dropIndex:    "ALTER TABLE {table} DROP INDEX done_idx",
+			missingIndex: "index done_idx of",
+			doctorOK:     []string{"privileges", "binary log"},
+		})
+	}
+	return bs
+}
+
+// testMySQLDSN returns TEST_MYSQL_DSN (default: the local MariaDB), or ""
+// when no server answers outside CI. With CI=true it fails instead.
+func testMySQLDSN(t *testing.T) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "app.db")
-	url := "sqlite://" + path
-	txoutbox(t, url, "migrate", "up").want(t, 0, "migrated from version 0 to")
-	db, err := sqlite.Open(path)
-	if err != nil {
-		t.Fatal(err)
+	dsn := cmp.Or(os.Getenv("TEST_MYSQL_DSN"), "root@tcp(127.0.0.1:3306)/test")
+	db, err := sql.Open("mysql", dsn)
+	if err == nil {
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		err = db.PingContext(ctx)
 	}
-	t.Cleanup(func() { db.Close() })
-	s, err := sqlite.New(db, sqlite.Config{HoldOnDeadLetter: true})
 	if err != nil {
-		t.Fatal(err)
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("MySQL unreachable at TEST_MYSQL_DSN: %v", err)
+		}
+		t.Logf("MySQL unreachable (%v): its cases are left out", err)
+		return ""
 	}
+	return dsn
+}
+
+// forEachBackend runs test on a fresh fixture of every backend, in parallel.
+func forEachBackend(t *testing.T, test func(t *testing.T, f fixture)) {
+	for _, b := range fixtureBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, newFixture(t, b))
+		})
+	}
+}
+
+// run runs the command on the fixture's database and table.
+func (f fixture) run(t *testing.T, args ...string) result {
+	t.Helper()
+	return txoutbox(t, f.url, append(slices.Clone(args), "--table", f.table)...)
+}
+
+// exec runs SQL on the fixture's database; {table} and {migrations} stand
+// for its outbox and version tables.
+func (f fixture) exec(t *testing.T, q string, args ...any) {
+	t.Helper()
+	q = strings.NewReplacer("{table}", f.table, "{migrations}", f.table+"_migrations").Replace(q)
+	if _, err := f.db.Exec(q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+func newFixture(t *testing.T, b fixtureBackend) fixture {
+	t.Helper()
+	url, table := b.open(t)
+	f := fixture{backend: b, url: url, table: table}
+	f.run(t, "migrate", "up").want(t, 0, "migrated from version 0 to")
+	f.s, f.db = b.store(t, url, table)
+	s := f.s
 	ctx := context.Background()
 	names := []string{"a1", "b1", "c1", "d1", "k", "a2", "a3", "c2"}
 	keys := map[string]string{"a1": "a", "a2": "a", "a3": "a", "b1": "b", "c1": "c", "c2": "c", "d1": "d", "k": ""}
-	tx, err := db.Begin()
+	tx, err := f.db.Begin()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +292,7 @@ func newFixture(t *testing.T) fixture {
 	}
 	ids := map[string]int64{}
 	for i, n := range names {
-		ids[n] = int64(i + 1)
+		ids[n] = int64(i + 1) // a fresh table numbers its records from 1
 	}
 	claimed, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 4, Lease: time.Hour, WorkerID: "fwd-1"}) // a1 b1 c1 d1
 	if err != nil || len(claimed) != 4 {
@@ -149,235 +306,239 @@ func newFixture(t *testing.T) fixture {
 	if err := s.Ack(ctx, storage.AckParams{IDs: []int64{ids["d1"]}, WorkerID: "fwd-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(`UPDATE outbox SET delivered_at = delivered_at - ? WHERE id = ?`, int64(time.Hour), ids["d1"]); err != nil {
-		t.Fatal(err)
-	}
-	return fixture{url: url, s: s, db: db, ids: ids}
+	f.exec(t, b.ageDelivered, ids["d1"])
+	f.ids = ids
+	return f
 }
 
 func TestMigrate(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		f.run(t, "migrate", "up").want(t, 0, "already at version")
+		r := f.run(t, "migrate", "status", "--json")
+		r.want(t, 0)
+		var st struct {
+			Current int `json:"current_version"`
+			Latest  int `json:"latest_version"`
+			Applied []struct {
+				Version int `json:"version"`
+			} `json:"applied"`
+		}
+		r.json(t, &st)
+		if st.Current != f.backend.latest || st.Latest != st.Current || len(st.Applied) != st.Current {
+			t.Fatalf("migrate status: %+v", st)
+		}
+		f.run(t, "migrate", "status").want(t, 0, "VERSION", f.backend.latestName)
+		txoutbox(t, "", "--database-url", f.url, "--table", f.table, "--json", "migrate", "status").want(t, 0, `"current_version"`) // shared flags first
+
+		// Behind: exit 3, and the operating commands refuse to run.
+		f.exec(t, `DELETE FROM {migrations} WHERE version = ?`, f.backend.latest)
+		f.run(t, "migrate", "status").want(t, exitAttention, "not applied")
+		f.run(t, "status").want(t, exitError, "run `txoutbox migrate up`")
+		f.run(t, "migrate", "up").want(t, 0, fmt.Sprintf("to %d", f.backend.latest))
+	})
+}
+
+func TestMigrateSQL(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	txoutbox(t, f.url, "migrate", "up").want(t, 0, "already at version")
-	r := txoutbox(t, f.url, "migrate", "status", "--json")
-	r.want(t, 0)
-	var st struct {
-		Current int `json:"current_version"`
-		Latest  int `json:"latest_version"`
-		Applied []struct {
-			Version int `json:"version"`
-		} `json:"applied"`
-	}
-	r.json(t, &st)
-	if st.Current != sqlite.LatestVersion() || st.Latest != st.Current || len(st.Applied) != st.Current {
-		t.Fatalf("migrate status: %+v", st)
-	}
-	txoutbox(t, f.url, "migrate", "status").want(t, 0, "VERSION", "hold_and_skip")
-	txoutbox(t, "", "--database-url", f.url, "--json", "migrate", "status").want(t, 0, `"current_version"`) // shared flags first
-
-	// Behind: exit 3, and the operating commands refuse to run.
-	if _, err := f.db.Exec(`DELETE FROM outbox_migrations WHERE version = ?`, sqlite.LatestVersion()); err != nil {
-		t.Fatal(err)
-	}
-	txoutbox(t, f.url, "migrate", "status").want(t, exitAttention, "not applied")
-	txoutbox(t, f.url, "status").want(t, exitError, "run `txoutbox migrate up`")
-	txoutbox(t, f.url, "migrate", "up").want(t, 0, fmt.Sprintf("to %d", sqlite.LatestVersion()))
-
-	r = txoutbox(t, "sqlite:", "migrate", "sql", "--table", "events")
+	r := txoutbox(t, "sqlite:", "migrate", "sql", "--table", "events")
 	r.want(t, 0, `CREATE TABLE IF NOT EXISTS "events"`, "-- txoutbox migration 2")
 	txoutbox(t, "sqlite:", "migrate", "sql", "--down").want(t, 0, `DROP INDEX IF EXISTS "outbox_failed_key"`)
-	for _, format := range []string{"golang-migrate", "goose"} {
-		dir := t.TempDir()
-		txoutbox(t, "sqlite:", "migrate", "sql", "--dir", dir, "--format", format).want(t, 0, "001_txoutbox_create_outbox")
-		entries, _ := os.ReadDir(dir)
-		want := 2 * sqlite.LatestVersion()
-		if format == "goose" {
-			want = sqlite.LatestVersion()
-		}
-		if len(entries) != want {
-			t.Fatalf("%s: %d files, want %d", format, len(entries), want)
+	// MySQL: the scheme is enough too, and no server is contacted.
+	txoutbox(t, "mysql:", "migrate", "sql", "--table", "events").want(t, 0, "CREATE TABLE IF NOT EXISTS `events`", "CREATE TABLE IF NOT EXISTS `events_skipped`", "-- txoutbox migration 2")
+	txoutbox(t, "mysql://app@nowhere.invalid/app", "migrate", "sql", "--table", "app.events").want(t, 0, "CREATE TABLE IF NOT EXISTS `app`.`events`")
+	for _, c := range []struct {
+		url    string
+		latest int
+	}{{"sqlite:", sqlite.LatestVersion()}, {"mysql:", mysqlstore.LatestVersion()}} {
+		for _, format := range []string{"golang-migrate", "goose"} {
+			dir := t.TempDir()
+			txoutbox(t, c.url, "migrate", "sql", "--dir", dir, "--format", format).want(t, 0, "001_txoutbox_create_outbox")
+			entries, _ := os.ReadDir(dir)
+			want := 2 * c.latest
+			if format == "goose" {
+				want = c.latest
+			}
+			if len(entries) != want {
+				t.Fatalf("%s %s: %d files, want %d", c.url, format, len(entries), want)
+			}
 		}
 	}
 	txoutbox(t, "sqlite:", "migrate", "sql", "--dir", t.TempDir(), "--format", "flyway").want(t, exitUsage, "--format")
 }
 
 func TestStatus(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	r := txoutbox(t, f.url, "status", "--hold-on-dead-letter", "--json")
-	r.want(t, exitAttention)
-	var st struct {
-		Pending, Leased, Dead, Delivered, Forwarders int64
-		HeldKeyCount                                 int64 `json:"held_key_count"`
-		HeldKeys                                     []struct {
-			Key      string `json:"key"`
-			HeadID   int64  `json:"head_id"`
-			Reason   string `json:"reason"`
-			LeasedBy string `json:"leased_by"`
-			Behind   int64  `json:"behind"`
-		} `json:"held_keys"`
-	}
-	r.json(t, &st)
-	if st.Pending != 5 || st.Leased != 1 || st.Dead != 2 || st.Delivered != 1 || st.Forwarders != 1 || st.HeldKeyCount != 3 {
-		t.Fatalf("status: %+v", st)
-	}
-	got := fmt.Sprint(st.HeldKeys)
-	want := fmt.Sprintf("[{a %d dead  2} {b %d dead  0} {c %d leased fwd-1 1}]", f.ids["a1"], f.ids["b1"], f.ids["c1"])
-	if got != want {
-		t.Fatalf("held keys %s, want %s", got, want)
-	}
-	txoutbox(t, f.url, "status").want(t, exitAttention, "forwarders seen", "leased by fwd-1 until", "2 dead record(s), 0 key(s) held by a failing or dead record")
-	// Only a key held by a record in flight: nothing needs an operator.
-	if n, err := f.s.Redrive(context.Background(), storage.RedriveParams{All: true}); err != nil || n != 2 {
-		t.Fatal(n, err)
-	}
-	txoutbox(t, f.url, "status", "--hold-on-dead-letter").want(t, 0, "leased by fwd-1")
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		r := f.run(t, "status", "--hold-on-dead-letter", "--json")
+		r.want(t, exitAttention)
+		var st struct {
+			Pending, Leased, Dead, Delivered, Forwarders int64
+			HeldKeyCount                                 int64 `json:"held_key_count"`
+			HeldKeys                                     []struct {
+				Key      string `json:"key"`
+				HeadID   int64  `json:"head_id"`
+				Reason   string `json:"reason"`
+				LeasedBy string `json:"leased_by"`
+				Behind   int64  `json:"behind"`
+			} `json:"held_keys"`
+		}
+		r.json(t, &st)
+		if st.Pending != 5 || st.Leased != 1 || st.Dead != 2 || st.Delivered != 1 || st.Forwarders != 1 || st.HeldKeyCount != 3 {
+			t.Fatalf("status: %+v", st)
+		}
+		got := fmt.Sprint(st.HeldKeys)
+		want := fmt.Sprintf("[{a %d dead  2} {b %d dead  0} {c %d leased fwd-1 1}]", f.ids["a1"], f.ids["b1"], f.ids["c1"])
+		if got != want {
+			t.Fatalf("held keys %s, want %s", got, want)
+		}
+		f.run(t, "status").want(t, exitAttention, "forwarders seen", "leased by fwd-1 until", "2 dead record(s), 0 key(s) held by a failing or dead record")
+		// Only a key held by a record in flight: nothing needs an operator.
+		if n, err := f.s.Redrive(context.Background(), storage.RedriveParams{All: true}); err != nil || n != 2 {
+			t.Fatal(n, err)
+		}
+		f.run(t, "status", "--hold-on-dead-letter").want(t, 0, "leased by fwd-1")
+	})
 }
 
 func TestDeadListAndShow(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	r := txoutbox(t, f.url, "dead", "list", "--json")
-	r.want(t, 0)
-	var list []struct {
-		ID        int64  `json:"id"`
-		Key       string `json:"key"`
-		LastError string `json:"last_error"`
-		Payload   string `json:"payload"`
-	}
-	r.json(t, &list)
-	if len(list) != 2 || list[0].ID != f.ids["a1"] || list[1].ID != f.ids["b1"] || list[0].Payload != "" {
-		t.Fatalf("dead list: %+v", list)
-	}
-	for _, c := range []struct {
-		args []string
-		want []int64
-	}{
-		{[]string{"--topic", "invoices"}, []int64{f.ids["b1"]}},
-		{[]string{"--key", "a"}, []int64{f.ids["a1"]}},
-		{[]string{"--error", "said no: b"}, []int64{f.ids["b1"]}},
-		{[]string{"--older-than", "1h"}, nil},
-		{[]string{"--after-id", fmt.Sprint(f.ids["a1"]), "--limit", "1"}, []int64{f.ids["b1"]}},
-	} {
-		var page []struct {
-			ID int64 `json:"id"`
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		r := f.run(t, "dead", "list", "--json")
+		r.want(t, 0)
+		var list []struct {
+			ID        int64  `json:"id"`
+			Key       string `json:"key"`
+			LastError string `json:"last_error"`
+			Payload   string `json:"payload"`
 		}
-		txoutbox(t, f.url, append([]string{"dead", "list", "--json"}, c.args...)...).json(t, &page)
-		var got []int64
-		for _, p := range page {
-			got = append(got, p.ID)
+		r.json(t, &list)
+		if len(list) != 2 || list[0].ID != f.ids["a1"] || list[1].ID != f.ids["b1"] || list[0].Payload != "" {
+			t.Fatalf("dead list: %+v", list)
 		}
-		if !slices.Equal(got, c.want) {
-			t.Errorf("dead list %v = %v, want %v", c.args, got, c.want)
+		for _, c := range []struct {
+			args []string
+			want []int64
+		}{
+			{[]string{"--topic", "invoices"}, []int64{f.ids["b1"]}},
+			{[]string{"--key", "a"}, []int64{f.ids["a1"]}},
+			{[]string{"--error", "said no: b"}, []int64{f.ids["b1"]}},
+			{[]string{"--older-than", "1h"}, nil},
+			{[]string{"--after-id", fmt.Sprint(f.ids["a1"]), "--limit", "1"}, []int64{f.ids["b1"]}},
+		} {
+			var page []struct {
+				ID int64 `json:"id"`
+			}
+			f.run(t, append([]string{"dead", "list", "--json"}, c.args...)...).json(t, &page)
+			var got []int64
+			for _, p := range page {
+				got = append(got, p.ID)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("dead list %v = %v, want %v", c.args, got, c.want)
+			}
 		}
-	}
-	txoutbox(t, f.url, "dead", "list").want(t, 0, "ID", "ERROR", "broker said no: a1")
+		f.run(t, "dead", "list").want(t, 0, "ID", "ERROR", "broker said no: a1")
 
-	r = txoutbox(t, f.url, "dead", "show", fmt.Sprint(f.ids["a1"]), "--json")
-	r.want(t, 0)
-	var rec struct {
-		Status, Payload, LastError string
-		Attempts                   int
-		Metadata                   map[string]string
-		PayloadEncoding            string `json:"payload_encoding"`
-	}
-	r.json(t, &rec)
-	if rec.Status != "dead" || rec.Payload != `{"name":"a1"}` || rec.PayloadEncoding != "text" || rec.Attempts != 1 || rec.Metadata["trace"] != "t-a1" {
-		t.Fatalf("dead show: %+v", rec)
-	}
-	txoutbox(t, f.url, "dead", "show", fmt.Sprint(f.ids["a1"])).want(t, 0, "payload (text)", `{"name":"a1"}`, "metadata trace", "broker said no: a1")
-	txoutbox(t, f.url, "dead", "show", "999").want(t, exitNotFound, "not found")
-	txoutbox(t, f.url, "dead", "show").want(t, exitUsage, "record ID")
-	txoutbox(t, f.url, "dead", "show", "abc").want(t, exitUsage, "positive integer")
+		r = f.run(t, "dead", "show", fmt.Sprint(f.ids["a1"]), "--json")
+		r.want(t, 0)
+		var rec struct {
+			Status, Payload, LastError string
+			Attempts                   int
+			Metadata                   map[string]string
+			PayloadEncoding            string `json:"payload_encoding"`
+		}
+		r.json(t, &rec)
+		if rec.Status != "dead" || rec.Payload != `{"name":"a1"}` || rec.PayloadEncoding != "text" || rec.Attempts != 1 || rec.Metadata["trace"] != "t-a1" {
+			t.Fatalf("dead show: %+v", rec)
+		}
+		f.run(t, "dead", "show", fmt.Sprint(f.ids["a1"])).want(t, 0, "payload (text)", `{"name":"a1"}`, "metadata trace", "broker said no: a1")
+		f.run(t, "dead", "show", "999").want(t, exitNotFound, "not found")
+		f.run(t, "dead", "show").want(t, exitUsage, "record ID")
+		f.run(t, "dead", "show", "abc").want(t, exitUsage, "positive integer")
+	})
 }
 
 func TestRedrive(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	txoutbox(t, f.url, "redrive").want(t, exitUsage, "exactly one of")
-	txoutbox(t, f.url, "redrive", "--key", "a", "--all").want(t, exitUsage, "exactly one of")
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		f.run(t, "redrive").want(t, exitUsage, "exactly one of")
+		f.run(t, "redrive", "--key", "a", "--all").want(t, exitUsage, "exactly one of")
 
-	r := txoutbox(t, f.url, "redrive", "--all", "--dry-run", "--json")
-	r.want(t, 0)
-	var dry struct {
-		DryRun bool    `json:"dry_run"`
-		Count  int     `json:"count"`
-		IDs    []int64 `json:"ids"`
-	}
-	r.json(t, &dry)
-	if !dry.DryRun || dry.Count != 2 || !slices.Equal(dry.IDs, []int64{f.ids["a1"], f.ids["b1"]}) {
-		t.Fatalf("dry run: %+v", dry)
-	}
-	txoutbox(t, f.url, "redrive", "--id", fmt.Sprintf("%d,%d", f.ids["a1"], f.ids["a2"]), "--dry-run").want(t, 0, fmt.Sprintf("would re-drive 1 dead record(s): %d", f.ids["a1"]))
-	if st, _ := f.s.Stats(context.Background()); st.Dead != 2 {
-		t.Fatalf("dry run changed something: %+v", st)
-	}
-	txoutbox(t, f.url, "redrive", "--key", "a").want(t, 0, "re-drove 1 dead record(s)")
-	txoutbox(t, f.url, "redrive", "--key", "a").want(t, 0, "re-drove 0 dead record(s)") // idempotent
-	txoutbox(t, f.url, "redrive", "--topic", "invoices").want(t, 0, "re-drove 1 dead record(s)")
-	// Key a flows again in id order: a1 first, then a2 and a3.
-	got, err := f.s.Claim(context.Background(), storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "fwd-2"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var a []int64
-	for _, r := range got {
-		if r.Key == "a" {
-			a = append(a, r.ID)
+		r := f.run(t, "redrive", "--all", "--dry-run", "--json")
+		r.want(t, 0)
+		var dry struct {
+			DryRun bool    `json:"dry_run"`
+			Count  int     `json:"count"`
+			IDs    []int64 `json:"ids"`
 		}
-	}
-	if !slices.Equal(a, []int64{f.ids["a1"], f.ids["a2"], f.ids["a3"]}) {
-		t.Fatalf("key a claimed %v after redrive, want a1 a2 a3 in id order", a)
-	}
+		r.json(t, &dry)
+		if !dry.DryRun || dry.Count != 2 || !slices.Equal(dry.IDs, []int64{f.ids["a1"], f.ids["b1"]}) {
+			t.Fatalf("dry run: %+v", dry)
+		}
+		f.run(t, "redrive", "--id", fmt.Sprintf("%d,%d", f.ids["a1"], f.ids["a2"]), "--dry-run").want(t, 0, fmt.Sprintf("would re-drive 1 dead record(s): %d", f.ids["a1"]))
+		if st, _ := f.s.Stats(context.Background()); st.Dead != 2 {
+			t.Fatalf("dry run changed something: %+v", st)
+		}
+		f.run(t, "redrive", "--key", "a").want(t, 0, "re-drove 1 dead record(s)")
+		f.run(t, "redrive", "--key", "a").want(t, 0, "re-drove 0 dead record(s)") // idempotent
+		f.run(t, "redrive", "--topic", "invoices").want(t, 0, "re-drove 1 dead record(s)")
+		// Key a flows again in id order: a1 first, then a2 and a3.
+		got, err := f.s.Claim(context.Background(), storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "fwd-2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a []int64
+		for _, r := range got {
+			if r.Key == "a" {
+				a = append(a, r.ID)
+			}
+		}
+		if !slices.Equal(a, []int64{f.ids["a1"], f.ids["a2"], f.ids["a3"]}) {
+			t.Fatalf("key a claimed %v after redrive, want a1 a2 a3 in id order", a)
+		}
+	})
 }
 
 func TestSkipAndPurge(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	a1 := fmt.Sprint(f.ids["a1"])
-	txoutbox(t, f.url, "skip", a1).want(t, exitUsage, "--reason is required")
-	txoutbox(t, f.url, "skip", fmt.Sprint(f.ids["a2"]), "--reason", "x").want(t, exitNotFound, "not dead-lettered")
-	txoutbox(t, f.url, "skip", "999", "--reason", "x").want(t, exitNotFound, "not found")
-	txoutbox(t, f.url, "skip", a1, "--reason", "customer deleted, OPS-1").want(t, 0, "skipped record "+a1)
-	r := txoutbox(t, f.url, "dead", "show", a1, "--json")
-	var rec struct {
-		Status     string `json:"status"`
-		SkipReason string `json:"skip_reason"`
-		Payload    string `json:"payload"`
-	}
-	r.json(t, &rec)
-	if rec.Status != "skipped" || rec.SkipReason != "customer deleted, OPS-1" || rec.Payload != `{"name":"a1"}` {
-		t.Fatalf("skipped record: %+v", rec)
-	}
-	// The key moves on at once: a2 is claimable although the storage holds keys on dead-letter.
-	got, err := f.s.Claim(context.Background(), storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "fwd-2"})
-	if err != nil || len(got) == 0 || !slices.ContainsFunc(got, func(r storage.Record) bool { return r.ID == f.ids["a2"] }) {
-		t.Fatalf("claim after skip: %v, %v; want a2 among them", got, err)
-	}
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		a1 := fmt.Sprint(f.ids["a1"])
+		f.run(t, "skip", a1).want(t, exitUsage, "--reason is required")
+		f.run(t, "skip", fmt.Sprint(f.ids["a2"]), "--reason", "x").want(t, exitNotFound, "not dead-lettered")
+		f.run(t, "skip", "999", "--reason", "x").want(t, exitNotFound, "not found")
+		f.run(t, "skip", a1, "--reason", "customer deleted, OPS-1").want(t, 0, "skipped record "+a1)
+		r := f.run(t, "dead", "show", a1, "--json")
+		var rec struct {
+			Status     string `json:"status"`
+			SkipReason string `json:"skip_reason"`
+			Payload    string `json:"payload"`
+		}
+		r.json(t, &rec)
+		if rec.Status != "skipped" || rec.SkipReason != "customer deleted, OPS-1" || rec.Payload != `{"name":"a1"}` {
+			t.Fatalf("skipped record: %+v", rec)
+		}
+		// The key moves on at once: a2 is claimable although the storage holds keys on dead-letter.
+		got, err := f.s.Claim(context.Background(), storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "fwd-2"})
+		if err != nil || len(got) == 0 || !slices.ContainsFunc(got, func(r storage.Record) bool { return r.ID == f.ids["a2"] }) {
+			t.Fatalf("claim after skip: %v, %v; want a2 among them", got, err)
+		}
 
-	txoutbox(t, f.url, "purge").want(t, exitUsage, "--older-than is required")
-	txoutbox(t, f.url, "purge", "--older-than", "2h").want(t, 0, "purged 0 delivered record(s)")
-	txoutbox(t, f.url, "purge", "--older-than", "30m", "--json").want(t, 0, `"purged": 1`)
+		f.run(t, "purge").want(t, exitUsage, "--older-than is required")
+		f.run(t, "purge", "--older-than", "2h").want(t, 0, "purged 0 delivered record(s)")
+		f.run(t, "purge", "--older-than", "30m", "--json").want(t, 0, `"purged": 1`)
+	})
 }
 
 func TestDoctor(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	txoutbox(t, f.url, "doctor").want(t, 0, "schema version", "schema drift", "journal mode", "wal")
-	if _, err := f.db.Exec(`DROP INDEX outbox_dead_key`); err != nil {
-		t.Fatal(err)
-	}
-	r := txoutbox(t, f.url, "doctor", "--json")
-	r.want(t, exitAttention, "outbox_dead_key is missing")
-	var findings []struct{ Check, Severity, Message string }
-	r.json(t, &findings)
-	if len(findings) < 4 {
-		t.Fatalf("findings: %+v", findings)
-	}
-	if _, err := f.db.Exec(`UPDATE outbox_migrations SET version = 99 WHERE version = 1`); err != nil {
-		t.Fatal(err)
-	}
-	txoutbox(t, f.url, "doctor").want(t, exitAttention, "newer than this build")
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		f.run(t, "doctor").want(t, 0, append([]string{"schema version", "schema drift"}, f.backend.doctorOK...)...)
+		f.exec(t, f.backend.dropIndex)
+		r := f.run(t, "doctor", "--json")
+		r.want(t, exitAttention, f.backend.missingIndex)
+		var findings []struct{ Check, Severity, Message string }
+		r.json(t, &findings)
+		if len(findings) < 4 {
+			t.Fatalf("findings: %+v", findings)
+		}
+		f.exec(t, `UPDATE {migrations} SET version = 99 WHERE version = 1`)
+		f.run(t, "doctor").want(t, exitAttention, "newer than this build")
+	})
 }
 
 func TestHelpAndUsage(t *testing.T) {
@@ -399,7 +560,7 @@ func TestHelpAndUsage(t *testing.T) {
 
 func TestUnsupportedSchemes(t *testing.T) {
 	t.Parallel()
-	for _, u := range []string{"postgres://app@db/app", "postgresql://app@db/app", "mysql://app@db/app"} {
+	for _, u := range []string{"postgres://app@db/app", "postgresql://app@db/app"} {
 		txoutbox(t, u, "status").want(t, exitError, "not supported yet by this build")
 	}
 }
@@ -414,6 +575,9 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 		"postgres://user:" + secret + "@db.internal:5432/app?sslmode=disable",
 		"postgresql://user:" + secret + "@pooler.example.com:6543/app",
 		"mysql://user:" + secret + "@tcp(db:3306)/app",
+		"mysql://user:" + secret + "@db.internal:3306/app?tls=preferred",
+		"mysql://root:" + secret + "@127.0.0.1:3306/test", // a real server refusing the password
+		"mysql://user:" + secret + "@db.internal:3306/app?bogus_param",
 		"postgres://db/app?user=u&password=" + secret,
 		"sqlite://user:" + secret + "@host/x.db",
 	}
