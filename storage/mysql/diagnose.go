@@ -193,12 +193,19 @@ func (s *Storage) privileges(ctx context.Context) []string {
 			}
 			return err
 		})
-		if err != errRollback { //nolint:errorlint // tryTx returns fn's error as is
+		switch {
+		case err == errRollback: //nolint:errorlint // tryTx returns fn's error as is
+		case mysqlErrNumber(err) == errTableAccessDenied:
+			denied = append(denied, c.what+" denied")
+		default:
 			denied = append(denied, fmt.Sprintf("%s: %v", c.what, err))
 		}
 	}
 	return denied
 }
+
+// errTableAccessDenied is ER_TABLEACCESS_DENIED_ERROR.
+const errTableAccessDenied = 1142
 
 // errRollback makes tryTx roll back a transaction that succeeded.
 var errRollback = fmt.Errorf("rolled back on purpose")
