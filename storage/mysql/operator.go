@@ -36,28 +36,24 @@ func (s *Storage) heldKeysSQL(count bool, afterKey string, limit int) string {
 		strLit(&after, afterKey)
 	}
 	var b strings.Builder
-	b.WriteString(`SELECT h.id FROM (
-    SELECT id FROM ` + t + ` WHERE status = 'pending' AND parked = 0 AND due_at > UTC_TIMESTAMP(6) AND ` + "`key` <> ''" + after.String())
+	b.WriteString("SELECT o.`key`, o.id, o.status, COALESCE(o.leased_by, '') AS leased_by, " + micros("o.leased_until") + " AS leased_until, " +
+		micros("o.due_at") + " AS due_at, COALESCE(o.last_error, '') AS last_error, " + micros("o.created_at") + " AS created_at,\n" +
+		"    COALESCE(o.leased_until > UTC_TIMESTAMP(6), 0) AS live,\n" +
+		"    (SELECT COUNT(*) FROM " + t + " AS b WHERE b.`key` = o.`key` AND b.status = 'pending' AND b.id > o.id) AS behind\n" +
+		"FROM (\n    SELECT id FROM " + t + " WHERE status = 'pending' AND parked = 0 AND due_at > UTC_TIMESTAMP(6) AND `key` <> ''" + after.String())
 	if s.hold {
-		b.WriteString(`
-    UNION ALL
-    SELECT id FROM ` + t + ` WHERE status = 'dead' AND ` + "`key` <> ''" + after.String())
+		b.WriteString("\n    UNION ALL\n    SELECT id FROM " + t + " WHERE status = 'dead' AND `key` <> ''" + after.String())
 	}
-	b.WriteString(`) AS c JOIN ` + t + ` AS h ON h.id = c.id
-WHERE NOT EXISTS (SELECT 1 FROM ` + t + " AS e WHERE e.`key` = h.`key` AND e.status = 'pending' AND e.id < h.id)")
+	b.WriteString("\n) AS c JOIN " + t + " AS o ON o.id = c.id\n" +
+		"WHERE NOT EXISTS (SELECT 1 FROM " + t + " AS e WHERE e.`key` = o.`key` AND e.status = 'pending' AND e.id < o.id)")
 	if s.hold {
-		b.WriteString(`
-  AND NOT EXISTS (SELECT 1 FROM ` + t + " AS d WHERE d.`key` = h.`key` AND d.status = 'dead' AND d.id < h.id)")
+		b.WriteString("\n  AND NOT EXISTS (SELECT 1 FROM " + t + " AS d WHERE d.`key` = o.`key` AND d.status = 'dead' AND d.id < o.id)")
 	}
 	heads := b.String()
-	behind := "(SELECT COUNT(*) FROM " + t + " AS b WHERE b.`key` = o.`key` AND b.status = 'pending' AND b.id > o.id)"
-	inner := "SELECT o.`key`, o.id, o.status, COALESCE(o.leased_by, '') AS leased_by, " + micros("o.leased_until") + " AS leased_until, " +
-		micros("o.due_at") + " AS due_at, COALESCE(o.last_error, '') AS last_error, " + micros("o.created_at") + " AS created_at, " +
-		"COALESCE(o.leased_until > UTC_TIMESTAMP(6), 0) AS live, " + behind + " AS behind\nFROM " + t + " AS o WHERE o.id IN (" + heads + ")"
 	if count {
-		return "SELECT COUNT(*) FROM (" + inner + ") AS k WHERE status = 'dead' OR behind > 0"
+		return "SELECT COUNT(*) FROM (" + heads + ") AS k WHERE status = 'dead' OR behind > 0"
 	}
-	return "SELECT * FROM (" + inner + ") AS k WHERE status = 'dead' OR behind > 0 ORDER BY `key` LIMIT " + strconv.Itoa(limit)
+	return "SELECT * FROM (" + heads + ") AS k WHERE status = 'dead' OR behind > 0 ORDER BY `key` LIMIT " + strconv.Itoa(limit)
 }
 
 // HeldKeys implements [storage.Operator].
@@ -157,30 +153,14 @@ func scanInfo(row interface{ Scan(...any) error }) (storage.RecordInfo, error) {
 
 // ListDead implements [storage.Operator]: one page in id order. Dead rows
 // have no delivered_at, so done_idx (status, delivered_at, and the primary
-// key InnoDB appends) holds them in id order; a key filter reads key_idx,
-// also in id order. Either way a page reads from AfterID on and stops at its
-// Limit.
+// key InnoDB appends) holds them in id order, and the page is read from it,
+// named with FORCE INDEX: left to itself the optimizer walks the primary key
+// in id order when dead rows are not rare, which reads the whole table when
+// a filter matches few of them. A page reads at most the dead rows after
+// AfterID. A key filter reads key_idx (key, status, id) instead, the key's
+// dead rows in id order.
 func (s *Storage) ListDead(ctx context.Context, params storage.ListDeadParams) ([]storage.RecordInfo, error) {
-	var b strings.Builder
-	fmt.Fprintf(&b, "SELECT "+infoColumns+" FROM %s WHERE status = 'dead' AND delivered_at IS NULL AND id > %d", "NULL", s.table, params.AfterID)
-	if params.Topic != "" {
-		b.WriteString(" AND topic = ")
-		strLit(&b, validText(params.Topic))
-	}
-	if params.Key != "" {
-		b.WriteString(" AND `key` = ")
-		strLit(&b, validText(params.Key))
-	}
-	if params.ErrorContains != "" {
-		b.WriteString(" AND LOCATE(")
-		strLit(&b, validText(params.ErrorContains))
-		b.WriteString(", last_error) > 0")
-	}
-	if params.OlderThan > 0 {
-		b.WriteString(" AND created_at < " + plusMicros("UTC_TIMESTAMP(6)", -params.OlderThan))
-	}
-	fmt.Fprintf(&b, " ORDER BY id LIMIT %d", storage.PageLimit(params.Limit))
-	rows, err := s.db.QueryContext(ctx, b.String())
+	rows, err := s.db.QueryContext(ctx, s.listDeadSQL(params))
 	if err != nil {
 		return nil, fmt.Errorf("list dead outbox records of %s: %w", s.table, err)
 	}
@@ -198,6 +178,33 @@ func (s *Storage) ListDead(ctx context.Context, params storage.ListDeadParams) (
 		return nil, fmt.Errorf("list dead outbox records of %s: %w", s.table, err)
 	}
 	return out, nil
+}
+
+func (s *Storage) listDeadSQL(params storage.ListDeadParams) string {
+	var b strings.Builder
+	index := " FORCE INDEX (done_idx)"
+	if params.Key != "" {
+		index = "" // key_idx: the key's rows
+	}
+	fmt.Fprintf(&b, "SELECT "+infoColumns+" FROM %s%s WHERE status = 'dead' AND delivered_at IS NULL AND id > %d", "NULL", s.table, index, params.AfterID)
+	if params.Topic != "" {
+		b.WriteString(" AND topic = ")
+		strLit(&b, validText(params.Topic))
+	}
+	if params.Key != "" {
+		b.WriteString(" AND `key` = ")
+		strLit(&b, validText(params.Key))
+	}
+	if params.ErrorContains != "" {
+		b.WriteString(" AND LOCATE(")
+		strLit(&b, validText(params.ErrorContains))
+		b.WriteString(", last_error) > 0")
+	}
+	if params.OlderThan > 0 {
+		b.WriteString(" AND created_at < " + plusMicros("UTC_TIMESTAMP(6)", -params.OlderThan))
+	}
+	fmt.Fprintf(&b, " ORDER BY id LIMIT %d", storage.PageLimit(params.Limit))
+	return b.String()
 }
 
 // Record implements [storage.Operator]: the outbox table first, then the
