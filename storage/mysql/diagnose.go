@@ -44,7 +44,8 @@ var (
 //   - server: MySQL 8.0 or MariaDB 10.6 at least (SKIP LOCKED);
 //   - binary log: with log_bin on, binlog_format STATEMENT is a problem
 //     (InnoDB refuses READ COMMITTED writes under it, and SKIP LOCKED with
-//     LIMIT is unsafe for statement replication); MIXED a warning.
+//     LIMIT is unsafe for statement replication); ROW and MIXED (which logs
+//     those as rows) are fine.
 func (s *Storage) Diagnose(ctx context.Context) ([]storage.Finding, error) {
 	var out []storage.Finding
 	add := func(check string, sev storage.Severity, format string, args ...any) {
@@ -100,7 +101,7 @@ func (s *Storage) Diagnose(ctx context.Context) ([]storage.Finding, error) {
 	case format == "STATEMENT":
 		add("binary log", storage.SeverityProblem, "binlog_format STATEMENT: InnoDB refuses writes in READ COMMITTED transactions under it, and claims (LIMIT with SKIP LOCKED) are unsafe to replicate as statements; set binlog_format=ROW")
 	case format == "MIXED":
-		add("binary log", storage.SeverityWarning, "binlog_format MIXED: claims are logged as rows (unsafe as statements); ROW is the usual choice")
+		add("binary log", storage.SeverityOK, "binlog_format MIXED: claims and READ COMMITTED writes are logged as rows")
 	default:
 		add("binary log", storage.SeverityOK, "binlog_format %s", format)
 	}

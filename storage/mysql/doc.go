@@ -12,7 +12,8 @@
 //
 // # Schema
 //
-// The DDL, as [Storage.SchemaSQL] returns it for the default table:
+// The outbox table, as step 1 of [Storage.Migrations] creates it for the
+// default table:
 //
 //	CREATE TABLE IF NOT EXISTS `outbox` (
 //	    id           BIGINT       NOT NULL AUTO_INCREMENT,
@@ -49,10 +50,33 @@
 // and read back as microseconds, so neither the session time zone nor the
 // DSN's parseTime and loc matter. Keys compare byte for byte (utf8mb4_bin):
 // "Order-1" and "order-1" are two keys. uuid, topic and key hold at most 255
-// characters; Insert refuses longer ones. Indexes are created inside CREATE
-// TABLE, so the one statement is idempotent; [Storage.CreateSchema] also
-// takes a named lock (GET_LOCK, released on the same connection) so that
-// processes starting together do not race.
+// characters; Insert refuses longer ones.
+//
+// The schema is versioned: numbered steps embedded in the package
+// ([Storage.Migrations]: 1 the outbox table, 2 the skipped table
+// `<table>_skipped`), each one idempotent statement (CREATE TABLE IF NOT
+// EXISTS, indexes inside it), and a version table `<table>_migrations`.
+// [Storage.Migrate] (also called [Storage.CreateSchema]) applies the
+// missing steps under a named lock (GET_LOCK, taken and released on one
+// connection), so processes starting together do not race;
+// [Storage.SchemaSQL] is every step, for a migration tool.
+//
+// # Operator API
+//
+// The storage implements [storage.Operator] (held keys, dead letters, one
+// record, re-drive, skip), [storage.Migrator] and [storage.Diagnoser], so
+// the txoutbox command and the console work on it. A skipped dead row moves
+// to the skipped table with the reason and the time, in one transaction
+// that also unparks the next row of its key. HeldKeys looks only at the
+// rows that can be a key's head (pending rows not due, and with
+// HoldOnDeadLetter dead rows); ListDead pages dead rows in id order from
+// done_idx. docs/operations.md has the details.
+//
+// With [Config.HoldOnDeadLetter] a dead row holds its key: a dead-letter
+// does not unpark the next row, a claim parks rows behind a dead row of
+// their key (holding a lock on the dead row, as for a pending one), and a
+// head that failed before is claimed without followers, nor is any row
+// after a failed follower.
 //
 // A lease is two columns of the row (leased_by, leased_until): InnoDB
 // updates rows in place, so a narrow lease table would only add a write.
@@ -161,7 +185,7 @@
 //	if err != nil {
 //		return err
 //	}
-//	if err := store.CreateSchema(ctx); err != nil { // or put store.SchemaSQL() in a migration
+//	if err := store.Migrate(ctx); err != nil { // or export store.Migrations() to your migration tool
 //		return err
 //	}
 //	// In a producer's transaction:
