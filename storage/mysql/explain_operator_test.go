@@ -1,7 +1,6 @@
 package mysql
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -64,11 +63,14 @@ func handlerReads(t *testing.T, s *Storage, q string) int64 {
 		return total
 	}
 	before := read()
-	rows, err := conn.QueryContext(t.Context(), q)
-	must(t, err)
-	for rows.Next() { //nolint:revive // drain the result
-	}
-	must(t, errors.Join(rows.Err(), rows.Close()))
+	func() {
+		rows, err := conn.QueryContext(t.Context(), q)
+		must(t, err)
+		defer func() { _ = rows.Close() }()
+		for rows.Next() { //nolint:revive // drain the result
+		}
+		must(t, rows.Err())
+	}()
 	return read() - before
 }
 
