@@ -152,7 +152,9 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 	}
 	if len(keys) > 0 {
 		// One statement: for one walked row of each key, a correlated
-		// MIN over key_idx.
+		// ORDER BY id LIMIT 1 on key_idx, which reads one index entry (MariaDB
+		// answered MIN(id) by reading every pending entry of the key: 50 per
+		// probe in the drain benchmark, where it took half the drain's time).
 		reps := make([]int64, 0, len(keys))
 		seen := make(map[string]bool, len(keys))
 		for _, c := range cands {
@@ -163,9 +165,9 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 		}
 		deadMin := "NULL"
 		if s.hold {
-			deadMin = "(SELECT MIN(d.id) FROM " + s.table + " d WHERE d.`key` = c.`key` AND d.status = 'dead')"
+			deadMin = "(SELECT d.id FROM " + s.table + " d WHERE d.`key` = c.`key` AND d.status = 'dead' ORDER BY d.id LIMIT 1)"
 		}
-		rows, err := tx.QueryContext(ctx, "SELECT c.`key`, (SELECT MIN(e.id) FROM "+s.table+" e WHERE e.`key` = c.`key` AND e.status = 'pending'), "+
+		rows, err := tx.QueryContext(ctx, "SELECT c.`key`, (SELECT e.id FROM "+s.table+" e WHERE e.`key` = c.`key` AND e.status = 'pending' ORDER BY e.id LIMIT 1), "+
 			deadMin+" FROM "+s.table+" c WHERE c.id IN ("+idsText(reps)+")")
 		if err != nil {
 			return nil, nil, fmt.Errorf("lowest rows of keys: %w", err)

@@ -97,8 +97,8 @@
 //     lease's end), rows waiting for a retry and parked rows are outside the
 //     range: a claim's cost depends on the batch, not on how much is held
 //     back;
-//   - finds the lowest pending row of each walked key (a correlated MIN on
-//     key_idx per key, all in one statement). A walked row that
+//   - finds the lowest pending row of each walked key (a correlated
+//     ORDER BY id LIMIT 1 on key_idx per key, all in one statement). A walked row that
 //     is its key's lowest, and every keyless row, is claimable. A walked row
 //     behind an earlier pending row of its key is parked, but only while the
 //     claim holds a lock on that earlier row (FOR UPDATE SKIP LOCKED), so it

@@ -112,11 +112,12 @@ func (s *Storage) promote(ctx context.Context, tx *sql.Tx, acked []int64, keys [
 
 // lowestPending returns the lowest pending id of each key (a plain read).
 // With acked (rows of the keys still in the table) it is one statement of
-// correlated MINs; otherwise one ORDER BY id LIMIT 1 subquery per key.
+// correlated ORDER BY id LIMIT 1 subqueries (MIN(id) read every pending
+// entry of the key on MariaDB); otherwise one such subquery per key.
 func (s *Storage) lowestPending(ctx context.Context, tx *sql.Tx, acked []int64, keys []string) (map[string]int64, error) {
 	var q string
 	if len(acked) > 0 && !s.config.DeleteOnAck {
-		q = "SELECT o.`key`, (SELECT MIN(e.id) FROM " + s.table + " e WHERE e.`key` = o.`key` AND e.status = 'pending') FROM " +
+		q = "SELECT o.`key`, (SELECT e.id FROM " + s.table + " e WHERE e.`key` = o.`key` AND e.status = 'pending' ORDER BY e.id LIMIT 1) FROM " +
 			s.table + " o WHERE o.id IN (" + idsText(acked) + ")"
 	} else {
 		var b strings.Builder
