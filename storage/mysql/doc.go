@@ -129,19 +129,32 @@
 //
 // # Locks and deadlocks
 //
-// Claims never wait. Write-backs lock the rows they change in id order
-// (SELECT ... ORDER BY id FOR UPDATE) and are fenced on leased_by, so
-// write-backs of different workers do not deadlock each other, with one
-// corner: after a lease ran out, two workers can hold rows of the same keys
-// and ack at once, and their promotions can wait for each other. InnoDB
-// then rolls one back (error 1213) and the storage runs that transaction
-// again after a short random pause (up to five attempts in all). The
-// package's concurrency test, eight workers with 30 ms leases expiring all
-// the time, sees a few such retries per run and no failure;
-// TestNoDeadlockWithLiveLeases, the same workload with leases that do not
-// run out, saw none in most runs and one in about one run of ten on a
-// heavily loaded machine (two promotions; not yet explained). Without strict
-// ordering there is no promotion and no such wait.
+// A claim's locking reads never wait (SKIP LOCKED). Write-backs lock the
+// rows they change in id order (SELECT ... ORDER BY id FOR UPDATE) and are
+// fenced on leased_by, so write-backs of different workers do not deadlock
+// each other, with one corner: after a lease ran out, two workers can hold
+// rows of the same keys and ack at once, and their promotions can wait for
+// each other. InnoDB then rolls one back (error 1213) and the storage runs
+// that transaction again after a short random pause (up to five attempts in
+// all). The package's concurrency test, eight workers with 30 ms leases
+// expiring all the time, sees a few such retries per run and no failure.
+//
+// Two claims can also deadlock, rarely, in their lease UPDATEs:
+// TestNoDeadlockWithLiveLeases (leases that never run out) sees one in about
+// one run of four. SHOW ENGINE INNODB STATUS after one (2026-12-04, MariaDB
+// 10.11) shows both transactions in the lease UPDATE, each waiting for an X
+// lock on a claim_idx entry (status, parked, due_at, id) of a row it is
+// leasing, held by the other. The cause: claim A takes a row as a follower,
+// locking its clustered record through the primary key; claim B's walk
+// reaches that row's claim_idx entry, locks the entry, finds the clustered
+// record locked and skips the row (SKIP LOCKED), but keeps the entry's lock
+// until it commits. A's lease UPDATE moves the entry (due_at changes) and
+// waits for B; when B's lease UPDATE waits the same way for a row A's walk
+// skipped, InnoDB rolls one claim back and the storage runs it again. No
+// claim fails and no row is claimed twice (the retried claim starts over).
+// Locking followers through claim_idx as well would close it, at the price of
+// a less readable claim; not done. Without strict ordering there are no
+// followers and no promotion, and neither kind of wait.
 //
 // # Cost
 //
