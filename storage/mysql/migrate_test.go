@@ -189,3 +189,16 @@ func TestMigrations(t *testing.T) {
 		t.Fatalf("steps not rendered for `app`.`events`:\n%s", s.SchemaSQL())
 	}
 }
+
+// TestMigrateRecreatesDroppedTable: the outbox table dropped alone (its
+// version table left behind) is made again by the next Migrate.
+func TestMigrateRecreatesDroppedTable(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	must(t, exec(t, s, "DROP TABLE "+s.table))
+	must(t, s.Migrate(t.Context()))
+	ids := insert(t, s, recs("a")...)
+	if got := claim(t, s, "w", 10, time.Minute); !slices.Equal(idsOf(got), ids) {
+		t.Fatalf("claimed %v from the table made again, want %v", idsOf(got), ids)
+	}
+}
