@@ -126,8 +126,9 @@ func (s *Storage) CreateSchema(ctx context.Context) error { return s.Migrate(ctx
 // released on one connection. Processes that start together may all call
 // it: one applies the steps, the others wait, then find them applied. Every
 // step is idempotent, so a step whose version row was lost to a crash runs
-// again harmlessly. The steps only add tables, so rows, their ids and their
-// order are untouched.
+// again harmlessly, and an outbox table dropped alone (its version table
+// left behind) is made again. The steps only add tables, so rows, their ids
+// and their order are untouched.
 func (s *Storage) Migrate(ctx context.Context) error {
 	if err := s.migrateTo(ctx, LatestVersion()); err != nil {
 		return fmt.Errorf("migrate outbox schema %s: %w", s.table, err)
