@@ -12,6 +12,7 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 	"github.com/txoutbox/txoutbox/storage/memory"
 	"github.com/txoutbox/txoutbox/storage/postgres"
+	"github.com/txoutbox/txoutbox/storage/mysql"
 	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
 
@@ -62,6 +63,15 @@ func TestForwarderHoldOnDeadLetter(t *testing.T) {
 				return postgresBackend(pool).insert(t, s, recs...)
 			}
 		}},
+	}
+	if dsn := testMySQLDSN(t); dsn != "" {
+		stores = append(stores, struct {
+			name string
+			new  func(t *testing.T) (storage.Storage, func(...storage.Record) []int64)
+		}{"mysql", func(t *testing.T) (storage.Storage, func(...storage.Record) []int64) {
+			s := newMySQLStorage(t, dsn, mysql.Config{HoldOnDeadLetter: true})
+			return s, func(recs ...storage.Record) []int64 { return mysqlBackend(dsn).insert(t, s, recs...) }
+		}})
 	}
 	for _, st := range stores {
 		for _, resolve := range []string{"redrive", "skip", "skip-max-attempts-1"} {

@@ -64,6 +64,14 @@ var browserBackends = []struct {
 		}
 	}},
 	{"postgres", openPostgresBrowser},
+	{"mysql", func(t *testing.T) (storage.Storage, func([]storage.Record)) {
+		s, db := newMySQL(t)
+		return s, func(recs []storage.Record) {
+			if _, err := insertMySQL(t, s, db, recs); err != nil {
+				t.Error(err)
+			}
+		}
+	}},
 }
 
 // chromium finds the browser, or skips (outside CI) saying how to get it.

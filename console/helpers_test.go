@@ -111,7 +111,7 @@ type testStore interface {
 var seeders = []struct {
 	name string
 	seed func(t *testing.T, recs ...deadRec) (testStore, []int64)
-}{{"memory", seed}, {"sqlite", seedSQLite}, {"postgres", seedPostgres}}
+}{{"memory", seed}, {"sqlite", seedSQLite}, {"postgres", seedPostgres}, {"mysql", seedMySQL}}
 
 func records(recs []deadRec) []storage.Record {
 	var in []storage.Record

@@ -56,7 +56,7 @@ func open(ctx context.Context, o options) (*backend, error) {
 	case "postgres", "postgresql":
 		return openPostgres(ctx, o)
 	case "mysql":
-		return nil, fmt.Errorf("%s URLs: %w (the MySQL storage does not implement storage.Operator yet)", scheme, errUnsupported)
+		return openMySQL(ctx, o)
 	default:
 		return nil, usageError{fmt.Sprintf("database URL scheme %q: want sqlite:///path/to.db, file:path/to.db, postgres:// or mysql://", scheme)}
 	}
@@ -187,6 +187,11 @@ func newRedactor(rawURL string) *redactor {
 	if u, err := url.Parse(rawURL); err == nil && u.User != nil {
 		if p, ok := u.User.Password(); ok && p != "" {
 			r.secrets = append(r.secrets, p, url.QueryEscape(p), url.PathEscape(p))
+		}
+	}
+	if scheme, _, _ := strings.Cut(rawURL, ":"); strings.EqualFold(scheme, "mysql") {
+		if cfg, err := mysqlConfig(rawURL); err == nil && cfg.Passwd != "" {
+			r.secrets = append(r.secrets, cfg.Passwd, url.QueryEscape(cfg.Passwd), url.PathEscape(cfg.Passwd))
 		}
 	}
 	if u, err := url.Parse(rawURL); err == nil {

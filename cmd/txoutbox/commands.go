@@ -295,7 +295,7 @@ var cmdMigrateStatus = &command{
 var cmdMigrateSQL = &command{
 	name:    "migrate sql",
 	summary: "print the migration steps' SQL, or write them as files for golang-migrate, goose or Atlas",
-	details: "Needs only the URL's scheme (sqlite: is enough); the database is not opened.\nWith --dir, writes NNN_name.up.sql and NNN_name.down.sql (golang-migrate, which\nAtlas imports) or NNN_name.sql with goose annotations.",
+	details: "Needs only the URL's scheme (sqlite: or mysql: is enough); the database is not opened.\nWith --dir, writes NNN_name.up.sql and NNN_name.down.sql (golang-migrate, which\nAtlas imports) or NNN_name.sql with goose annotations.",
 	example: "txoutbox migrate sql --database-url sqlite: --table outbox --dir db/migrations --format goose",
 	flags: func(fs *flag.FlagSet) {
 		fs.Bool("down", false, "print the down steps, latest first, instead of the up steps")
@@ -363,8 +363,14 @@ func migrationsFor(o options) ([]storage.Migration, error) {
 			migs[len(migs)-1].Up += trg
 		}
 		return migs, nil
+	case "mysql":
+		s, err := mysqlMigrations(o)
+		if err != nil {
+			return nil, err
+		}
+		return s.Migrations(), nil
 	case "":
-		return nil, usageError{"no database URL: set --database-url or TXOUTBOX_DATABASE_URL (for migrate sql the scheme is enough, e.g. sqlite: or postgres:)"}
+		return nil, usageError{"no database URL: set --database-url or TXOUTBOX_DATABASE_URL (for migrate sql the scheme is enough, e.g. sqlite:, postgres: or mysql:)"}
 	}
 	_, err := open(context.Background(), o)
 	return nil, err

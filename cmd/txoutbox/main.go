@@ -14,8 +14,11 @@
 // flags and an example.
 //
 // This build operates SQLite databases (sqlite:///path/to.db, sqlite:path,
-// file:path); PostgreSQL and MySQL URLs are recognised and refused with a
-// clear error until their storages implement storage.Operator.
+// file:path) and MySQL or MariaDB databases
+// (mysql://user:password@host:3306/dbname, or the driver's DSN behind
+// mysql:// as golang-migrate spells it: mysql://user:password@tcp(host:3306)/dbname);
+// PostgreSQL URLs are recognised and refused with a clear error until its
+// storage implements storage.Operator.
 //
 // # Exit codes
 //

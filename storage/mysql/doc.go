@@ -12,7 +12,8 @@
 //
 // # Schema
 //
-// The DDL, as [Storage.SchemaSQL] returns it for the default table:
+// The outbox table, as step 1 of [Storage.Migrations] creates it for the
+// default table:
 //
 //	CREATE TABLE IF NOT EXISTS `outbox` (
 //	    id           BIGINT       NOT NULL AUTO_INCREMENT,
@@ -49,10 +50,33 @@
 // and read back as microseconds, so neither the session time zone nor the
 // DSN's parseTime and loc matter. Keys compare byte for byte (utf8mb4_bin):
 // "Order-1" and "order-1" are two keys. uuid, topic and key hold at most 255
-// characters; Insert refuses longer ones. Indexes are created inside CREATE
-// TABLE, so the one statement is idempotent; [Storage.CreateSchema] also
-// takes a named lock (GET_LOCK, released on the same connection) so that
-// processes starting together do not race.
+// characters; Insert refuses longer ones.
+//
+// The schema is versioned: numbered steps embedded in the package
+// ([Storage.Migrations]: 1 the outbox table, 2 the skipped table
+// `<table>_skipped`), each one idempotent statement (CREATE TABLE IF NOT
+// EXISTS, indexes inside it), and a version table `<table>_migrations`.
+// [Storage.Migrate] (also called [Storage.CreateSchema]) applies the
+// missing steps under a named lock (GET_LOCK, taken and released on one
+// connection), so processes starting together do not race;
+// [Storage.SchemaSQL] is every step, for a migration tool.
+//
+// # Operator API
+//
+// The storage implements [storage.Operator] (held keys, dead letters, one
+// record, re-drive, skip), [storage.Migrator] and [storage.Diagnoser], so
+// the txoutbox command and the console work on it. A skipped dead row moves
+// to the skipped table with the reason and the time, in one transaction
+// that also unparks the next row of its key. HeldKeys looks only at the
+// rows that can be a key's head (pending rows not due, and with
+// HoldOnDeadLetter dead rows); ListDead pages dead rows in id order from
+// done_idx. docs/operations.md has the details.
+//
+// With [Config.HoldOnDeadLetter] a dead row holds its key: a dead-letter
+// does not unpark the next row, a claim parks rows behind a dead row of
+// their key (holding a lock on the dead row, as for a pending one), and a
+// head that failed before is claimed without followers, nor is any row
+// after a failed follower.
 //
 // A lease is two columns of the row (leased_by, leased_until): InnoDB
 // updates rows in place, so a narrow lease table would only add a write.
@@ -73,8 +97,8 @@
 //     lease's end), rows waiting for a retry and parked rows are outside the
 //     range: a claim's cost depends on the batch, not on how much is held
 //     back;
-//   - finds the lowest pending row of each walked key (a correlated MIN on
-//     key_idx per key, all in one statement). A walked row that
+//   - finds the lowest pending row of each walked key (a correlated
+//     ORDER BY id LIMIT 1 on key_idx per key, all in one statement). A walked row that
 //     is its key's lowest, and every keyless row, is claimable. A walked row
 //     behind an earlier pending row of its key is parked, but only while the
 //     claim holds a lock on that earlier row (FOR UPDATE SKIP LOCKED), so it
@@ -105,19 +129,32 @@
 //
 // # Locks and deadlocks
 //
-// Claims never wait. Write-backs lock the rows they change in id order
-// (SELECT ... ORDER BY id FOR UPDATE) and are fenced on leased_by, so
-// write-backs of different workers do not deadlock each other, with one
-// corner: after a lease ran out, two workers can hold rows of the same keys
-// and ack at once, and their promotions can wait for each other. InnoDB
-// then rolls one back (error 1213) and the storage runs that transaction
-// again after a short random pause (up to five attempts in all). The
-// package's concurrency test, eight workers with 30 ms leases expiring all
-// the time, sees a few such retries per run and no failure;
-// TestNoDeadlockWithLiveLeases, the same workload with leases that do not
-// run out, saw none in most runs and one in about one run of ten on a
-// heavily loaded machine (two promotions; not yet explained). Without strict
-// ordering there is no promotion and no such wait.
+// A claim's locking reads never wait (SKIP LOCKED). Write-backs lock the
+// rows they change in id order (SELECT ... ORDER BY id FOR UPDATE) and are
+// fenced on leased_by, so write-backs of different workers do not deadlock
+// each other, with one corner: after a lease ran out, two workers can hold
+// rows of the same keys and ack at once, and their promotions can wait for
+// each other. InnoDB then rolls one back (error 1213) and the storage runs
+// that transaction again after a short random pause (up to five attempts in
+// all). The package's concurrency test, eight workers with 30 ms leases
+// expiring all the time, sees a few such retries per run and no failure.
+//
+// Two claims can also deadlock, rarely, in their lease UPDATEs:
+// TestNoDeadlockWithLiveLeases (leases that never run out) sees one in about
+// one run of four. SHOW ENGINE INNODB STATUS after one (2026-12-04, MariaDB
+// 10.11) shows both transactions in the lease UPDATE, each waiting for an X
+// lock on a claim_idx entry (status, parked, due_at, id) of a row it is
+// leasing, held by the other. The cause: claim A takes a row as a follower,
+// locking its clustered record through the primary key; claim B's walk
+// reaches that row's claim_idx entry, locks the entry, finds the clustered
+// record locked and skips the row (SKIP LOCKED), but keeps the entry's lock
+// until it commits. A's lease UPDATE moves the entry (due_at changes) and
+// waits for B; when B's lease UPDATE waits the same way for a row A's walk
+// skipped, InnoDB rolls one claim back and the storage runs it again. No
+// claim fails and no row is claimed twice (the retried claim starts over).
+// Locking followers through claim_idx as well would close it, at the price of
+// a less readable claim; not done. Without strict ordering there are no
+// followers and no promotion, and neither kind of wait.
 //
 // # Cost
 //
@@ -161,7 +198,7 @@
 //	if err != nil {
 //		return err
 //	}
-//	if err := store.CreateSchema(ctx); err != nil { // or put store.SchemaSQL() in a migration
+//	if err := store.Migrate(ctx); err != nil { // or export store.Migrations() to your migration tool
 //		return err
 //	}
 //	// In a producer's transaction:

@@ -15,25 +15,6 @@ import (
 // most, so that a purge of millions of rows never holds a long lock.
 const PurgeBatchSize = 1000
 
-// Stats implements [storage.StatsReader]. The counts read the claim index
-// (pending, leased) and the done index (delivered, dead); Delivered is
-// always 0 with [Config.DeleteOnAck].
-func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
-	q := fmt.Sprintf(`SELECT
-    (SELECT COUNT(*) FROM %[1]s WHERE status = 'pending'),
-    (SELECT COUNT(*) FROM %[1]s WHERE status = 'pending' AND leased_until > UTC_TIMESTAMP(6)),
-    (SELECT COUNT(*) FROM %[1]s WHERE status = 'delivered'),
-    (SELECT COUNT(*) FROM %[1]s WHERE status = 'dead'),
-    COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) FROM %[1]s WHERE status = 'pending'), 0)`, s.table)
-	var st storage.Stats
-	var age int64
-	if err := s.db.QueryRowContext(ctx, q).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age); err != nil {
-		return storage.Stats{}, fmt.Errorf("outbox stats of %s: %w", s.table, err)
-	}
-	st.OldestPendingAge = max(time.Duration(age)*time.Microsecond, 0)
-	return st, nil
-}
-
 // Purge implements [storage.Maintainer]: it deletes the rows delivered more
 // than olderThan ago, [PurgeBatchSize] per statement (each its own READ
 // COMMITTED transaction), until none is left. On error it returns how many

@@ -60,6 +60,15 @@ type Config struct {
 	// claimable rows behind rows that must be parked, at the price of longer
 	// claims. Defaults to [WalkFactorDefault]; must be between 1 and 16.
 	WalkFactor int
+
+	// HoldOnDeadLetter makes a dead-lettered record hold back the later
+	// records of its key until it is re-driven or skipped, so that a poison
+	// message never breaks the order of its key. A record that failed before
+	// is then claimed without the later records of its key, so that a
+	// forwarder cannot publish them in the same batch after dead-lettering
+	// it. Needs strict ordering. Defaults to false: a dead record lets its
+	// key move on.
+	HoldOnDeadLetter bool
 }
 
 func (c *Config) setDefaults() {
@@ -70,8 +79,16 @@ func (c *Config) setDefaults() {
 // Validate reports the first invalid field. Identifier errors wrap
 // [storage.ErrInvalidIdentifier].
 func (c Config) Validate() error {
-	if _, err := parseTable(cmp.Or(c.Table, TableDefault)); err != nil {
+	parts, err := parseTable(cmp.Or(c.Table, TableDefault))
+	if err != nil {
 		return fmt.Errorf("Config.Table: %w", err)
+	}
+	if name := parts[len(parts)-1]; len(name)+len(migrationsSuffix) > maxIdentifierLen {
+		return fmt.Errorf("Config.Table: %w: %q is %d bytes, at most %d allowed (the version table appends %q)",
+			storage.ErrInvalidIdentifier, name, len(name), maxIdentifierLen-len(migrationsSuffix), migrationsSuffix)
+	}
+	if c.HoldOnDeadLetter && c.DisableStrictOrdering {
+		return errors.New("Config.HoldOnDeadLetter needs strict ordering (unset DisableStrictOrdering)")
 	}
 	if c.VisibilityDelay < 0 {
 		return fmt.Errorf("Config.VisibilityDelay is %s: must be >= 0", c.VisibilityDelay)
@@ -127,13 +144,17 @@ func quoteIdent(parts []string) string {
 
 // Storage is the MySQL and MariaDB outbox storage over a database/sql pool
 // opened with github.com/go-sql-driver/mysql. It implements
-// [storage.Storage], [storage.Inserter], [storage.StatsReader] and
-// [storage.Maintainer], and is safe for concurrent use.
+// [storage.Storage], [storage.Inserter], [storage.StatsReader],
+// [storage.Maintainer], [storage.Operator], [storage.Migrator],
+// [storage.Diagnoser] and [storage.DeadLetterHolder], and is safe for
+// concurrent use.
 type Storage struct {
 	db     *sql.DB
 	config Config
-	table  string // quoted for SQL
-	name   string // as configured, for GET_LOCK
+	table  string   // quoted for SQL
+	parts  []string // [database,] table, unquoted
+	name   string   // as configured, for GET_LOCK
+	hold   bool     // Config.HoldOnDeadLetter
 }
 
 var (
@@ -141,7 +162,16 @@ var (
 	_ storage.Inserter    = (*Storage)(nil)
 	_ storage.StatsReader = (*Storage)(nil)
 	_ storage.Maintainer  = (*Storage)(nil)
+
+	_ storage.Operator         = (*Storage)(nil)
+	_ storage.Migrator         = (*Storage)(nil)
+	_ storage.Diagnoser        = (*Storage)(nil)
+	_ storage.DeadLetterHolder = (*Storage)(nil)
 )
+
+// HoldOnDeadLetter implements [storage.DeadLetterHolder]: it reports
+// [Config.HoldOnDeadLetter].
+func (s *Storage) HoldOnDeadLetter() bool { return s.hold }
 
 // New returns a storage over db, a pool opened with the "mysql" driver of
 // github.com/go-sql-driver/mysql. It validates config and does not touch the
@@ -156,7 +186,7 @@ func New(db *sql.DB, config Config) (*Storage, error) {
 		return nil, fmt.Errorf("mysql: invalid config: %w", err)
 	}
 	parts, _ := parseTable(config.Table)
-	return &Storage{db: db, config: config, table: quoteIdent(parts), name: config.Table}, nil
+	return &Storage{db: db, config: config, table: quoteIdent(parts), parts: parts, name: config.Table, hold: config.HoldOnDeadLetter}, nil
 }
 
 // Table returns the outbox table as quoted in SQL, for example `app`.`outbox`.
@@ -170,13 +200,23 @@ func (s *Storage) StrictOrdering() bool { return !s.config.DisableStrictOrdering
 const (
 	errDeadlock        = 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back
 	errLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
+	errNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
 )
+
+// mysqlErrNumber returns the server's error number of err, 0 when err is not
+// a server error.
+func mysqlErrNumber(err error) uint16 {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
 
 // retryable reports a deadlock: InnoDB rolled the whole transaction back, so
 // running it again is safe.
 func retryable(err error) bool {
-	var me *mysql.MySQLError
-	if errors.As(err, &me) && me.Number == errDeadlock {
+	if mysqlErrNumber(err) == errDeadlock {
 		deadlocks.Add(1)
 		return true
 	}

@@ -22,12 +22,14 @@ func TestConfigRefusesBadIdentifiers(t *testing.T) {
 	for _, name := range []string{
 		"out box", "outbox`; DROP TABLE x; --", "a.b.c", "1outbox", "out-box", "`outbox`", "outbox;", ".outbox", "outbox.",
 		strings.Repeat("x", 65), "é",
+		// The version table appends "_migrations" (11 bytes) to the name.
+		strings.Repeat("x", 54), "app." + strings.Repeat("x", 54),
 	} {
 		if _, err := New(db, Config{Table: name}); !errors.Is(err, storage.ErrInvalidIdentifier) {
 			t.Errorf("New(Table %q) = %v, want an error wrapping ErrInvalidIdentifier", name, err)
 		}
 	}
-	for _, name := range []string{"outbox", "app.outbox", "Out_Box_2", strings.Repeat("x", 64)} {
+	for _, name := range []string{"outbox", "app.outbox", "Out_Box_2", strings.Repeat("x", 53), strings.Repeat("d", 64) + ".outbox"} {
 		s, err := New(db, Config{Table: name})
 		if err != nil {
 			t.Errorf("New(Table %q) = %v, want ok", name, err)
@@ -40,7 +42,7 @@ func TestConfigRefusesBadIdentifiers(t *testing.T) {
 	if _, err := New(nil, Config{}); err == nil {
 		t.Error("New(nil) returned no error")
 	}
-	for _, c := range []Config{{VisibilityDelay: -1}, {WalkFactor: -1}, {WalkFactor: 17}} {
+	for _, c := range []Config{{VisibilityDelay: -1}, {WalkFactor: -1}, {WalkFactor: 17}, {HoldOnDeadLetter: true, DisableStrictOrdering: true}} {
 		if _, err := New(db, c); err == nil {
 			t.Errorf("New(%+v) returned no error", c)
 		}
@@ -365,10 +367,12 @@ func TestConcurrentClaimersAndWriters(t *testing.T) {
 
 // TestNoDeadlockWithLiveLeases is the same workload with leases that do not
 // run out (every claim is written back). InnoDB reported no deadlock in most
-// runs, and one (two promotions locking each other's rows; retried, nothing
-// failed) in about one run of ten on a heavily loaded machine, unexplained
-// so far: the test fails past two. Not parallel, so that the package's
-// deadlock count is this test's.
+// runs, and one in about one run of four (two of eight on 2026-12-04): two
+// claims' lease UPDATEs waiting for each other's claim_idx entry locks,
+// taken by a walk that skipped a row another claim held as a follower (see
+// the package documentation, Locks and deadlocks); retried, nothing failed.
+// The test fails past two. Not parallel, so that the package's deadlock
+// count is this test's.
 func TestNoDeadlockWithLiveLeases(t *testing.T) {
 	n := stressClaimersAndWriters(t, 30*time.Second, false)
 	t.Logf("InnoDB deadlocks with no lease running out: %d", n)

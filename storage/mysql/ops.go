@@ -112,11 +112,12 @@ func (s *Storage) promote(ctx context.Context, tx *sql.Tx, acked []int64, keys [
 
 // lowestPending returns the lowest pending id of each key (a plain read).
 // With acked (rows of the keys still in the table) it is one statement of
-// correlated MINs; otherwise one ORDER BY id LIMIT 1 subquery per key.
+// correlated ORDER BY id LIMIT 1 subqueries (MIN(id) read every pending
+// entry of the key on MariaDB); otherwise one such subquery per key.
 func (s *Storage) lowestPending(ctx context.Context, tx *sql.Tx, acked []int64, keys []string) (map[string]int64, error) {
 	var q string
 	if len(acked) > 0 && !s.config.DeleteOnAck {
-		q = "SELECT o.`key`, (SELECT MIN(e.id) FROM " + s.table + " e WHERE e.`key` = o.`key` AND e.status = 'pending') FROM " +
+		q = "SELECT o.`key`, (SELECT e.id FROM " + s.table + " e WHERE e.`key` = o.`key` AND e.status = 'pending' ORDER BY e.id LIMIT 1) FROM " +
 			s.table + " o WHERE o.id IN (" + idsText(acked) + ")"
 	} else {
 		var b strings.Builder
@@ -207,8 +208,9 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 	return nil
 }
 
-// DeadLetter implements [storage.Storage]: the row becomes dead and the next
-// row of its key is unparked, in one transaction.
+// DeadLetter implements [storage.Storage]: the row becomes dead and, unless
+// [Config.HoldOnDeadLetter] is set, the next row of its key is unparked, in
+// one transaction.
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		owned, keys, reps, err := s.lockOwned(ctx, tx, []int64{p.ID}, p.WorkerID, "")
@@ -216,11 +218,15 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 			return err
 		}
 		var b strings.Builder
-		b.WriteString("UPDATE " + s.table + " SET status = 'dead', leased_by = NULL, leased_until = NULL, parked = 0, last_error = ")
+		// A dead row's due_at is when it was dead-lettered.
+		b.WriteString("UPDATE " + s.table + " SET status = 'dead', leased_by = NULL, leased_until = NULL, parked = 0, due_at = UTC_TIMESTAMP(6), last_error = ")
 		strLit(&b, validText(p.Error))
 		fmt.Fprintf(&b, " WHERE id = %d", p.ID)
 		if _, err := tx.ExecContext(ctx, b.String()); err != nil {
 			return err
+		}
+		if s.hold {
+			return nil // the dead row holds its key: nothing moves on
 		}
 		return s.promote(ctx, tx, reps, keys)
 	})

@@ -3,74 +3,229 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"embed"
 	"fmt"
+	"io/fs"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/txoutbox/txoutbox/storage"
 )
 
-// SchemaLockTimeout is how long [Storage.CreateSchema] waits for another
-// process creating the same table, in seconds.
+// SchemaLockTimeout is how long [Storage.Migrate] waits for another process
+// migrating the same table, in seconds.
 const SchemaLockTimeout = 30
 
-// SchemaSQL returns the DDL of the outbox table, its indexes included: one
-// idempotent statement (CREATE TABLE IF NOT EXISTS), ready for a migration
-// tool. The database of a qualified table must already exist.
+// The schema as numbered steps: NNN_name.up.sql, and NNN_name.down.sql where
+// reverting is safe; one statement each. {table} and {skipped} stand for the
+// quoted outbox and skipped tables.
+//
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+type step struct {
+	version  int
+	name     string
+	up, down string
+}
+
+var loadSteps = sync.OnceValue(func() []step {
+	files, err := fs.Glob(migrationFiles, "migrations/*.up.sql")
+	if err != nil {
+		panic(err)
+	}
+	var steps []step
+	for _, f := range files {
+		base := strings.TrimSuffix(path.Base(f), ".up.sql")
+		num, name, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v != len(steps)+1 {
+			panic(fmt.Sprintf("mysql migrations: %s is not step %d", f, len(steps)+1))
+		}
+		up, _ := migrationFiles.ReadFile(f)
+		down, _ := migrationFiles.ReadFile(strings.TrimSuffix(f, ".up.sql") + ".down.sql")
+		steps = append(steps, step{version: v, name: name, up: strings.TrimSpace(string(up)), down: strings.TrimSpace(string(down))})
+	}
+	return steps
+})
+
+// LatestVersion is the schema version this code needs and Migrate brings a
+// database to.
+func LatestVersion() int { return len(loadSteps()) }
+
+// tableSuffixes are appended to the outbox table's name for the tables that
+// go with it; the longest bounds the outbox table's name.
+const (
+	migrationsSuffix = "_migrations"
+	skippedSuffix    = "_skipped"
+)
+
+// MigrationTable returns the version table, quoted: the outbox table's name
+// with "_migrations" appended, in the same database.
+func (s *Storage) MigrationTable() string { return s.sibling(migrationsSuffix) }
+
+// SkippedTable returns the table that keeps skipped records and their audit
+// record, quoted: the outbox table's name with "_skipped" appended, in the
+// same database.
+func (s *Storage) SkippedTable() string { return s.sibling(skippedSuffix) }
+
+func (s *Storage) sibling(suffix string) string {
+	parts := append([]string(nil), s.parts...)
+	parts[len(parts)-1] += suffix
+	return quoteIdent(parts)
+}
+
+func (s *Storage) render(sqlText string) string {
+	return strings.NewReplacer("{table}", s.table, "{skipped}", s.SkippedTable()).Replace(sqlText)
+}
+
+// Migrations implements [storage.Migrator]: the steps with their SQL for
+// this storage's tables, to export to golang-migrate, goose or Atlas. Every
+// up step is one idempotent statement (CREATE TABLE IF NOT EXISTS), so a
+// database made by hand from SchemaSQL can still be brought under Migrate.
+// No step has a down: each would drop a table with records in it.
+func (s *Storage) Migrations() []storage.Migration {
+	steps := loadSteps()
+	out := make([]storage.Migration, len(steps))
+	for i, st := range steps {
+		out[i] = storage.Migration{Version: st.version, Name: st.name, Up: s.render(st.up), Down: s.render(st.down)}
+	}
+	return out
+}
+
+// SchemaSQL returns the DDL of the outbox table, its indexes included, and
+// of the skipped table ([Storage.SkippedTable]) at the latest version: every
+// up step of [Storage.Migrations], each one idempotent statement (CREATE
+// TABLE IF NOT EXISTS) ending with a semicolon, ready for a migration tool.
+// Run them one by one (or with the DSN's multiStatements=true). The database
+// of a qualified table must already exist. [Storage.Migrate] runs the same
+// steps and records the version.
 //
 // Times are DATETIME(6) in UTC, written and compared with UTC_TIMESTAMP(6),
 // so the session time zone does not matter. Keys, topics and uuids compare
 // byte for byte (utf8mb4_bin).
 func (s *Storage) SchemaSQL() string {
-	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-    id           BIGINT       NOT NULL AUTO_INCREMENT,
-    uuid         VARCHAR(255) NOT NULL,
-    topic        VARCHAR(255) NOT NULL,
-    `+"`key`"+`        VARCHAR(255) NOT NULL DEFAULT '',
-    payload      LONGBLOB,
-    metadata     JSON,
-    created_at   DATETIME(6)  NOT NULL,
-    -- When the row may next be claimed: its creation (plus the visibility
-    -- delay), its retry time after a nack or release, and the end of its
-    -- lease while leased, so that leased rows leave the claim's walk.
-    due_at       DATETIME(6)  NOT NULL,
-    attempts     INT          NOT NULL DEFAULT 0,
-    status       VARCHAR(9)   NOT NULL DEFAULT 'pending',
-    -- 1: known to be behind an earlier pending row of its key (strict
-    -- ordering); the claim's walk skips it until that row leaves.
-    parked       TINYINT      NOT NULL DEFAULT 0,
-    leased_by    VARCHAR(255),
-    leased_until DATETIME(6),
-    last_error   TEXT,
-    delivered_at DATETIME(6),
-    PRIMARY KEY (id),
-    -- Claim: due, not parked, pending rows by due time.
-    KEY claim_idx (status, parked, due_at, id),
-    -- Strict ordering: the pending rows of one key in id order.
-    KEY key_idx (`+"`key`"+`, status, id),
-    -- Purge (delivered by age) and redrive (dead rows).
-    KEY done_idx (status, delivered_at),
-    CONSTRAINT status_check CHECK (status IN ('pending', 'delivered', 'dead'))
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`, s.table)
+	var b strings.Builder
+	for _, m := range s.Migrations() {
+		b.WriteString(m.Up)
+		b.WriteString(";\n")
+	}
+	return b.String()
 }
 
-// CreateSchema runs [Storage.SchemaSQL]. Processes that start together may
-// all call it: a named lock (GET_LOCK, up to [SchemaLockTimeout] seconds)
-// lets one create the table while the others wait, then find it.
-func (s *Storage) CreateSchema(ctx context.Context) error {
+// CreateSchema is [Storage.Migrate], under the name it had before the schema
+// was versioned.
+func (s *Storage) CreateSchema(ctx context.Context) error { return s.Migrate(ctx) }
+
+// Migrate implements [storage.Migrator]: it applies the steps the database
+// lacks and records each in [Storage.MigrationTable]. MySQL commits each DDL
+// statement on its own, so the steps are serialised by a named lock instead
+// of a transaction: GET_LOCK, up to [SchemaLockTimeout] seconds, taken and
+// released on one connection. Processes that start together may all call
+// it: one applies the steps, the others wait, then find them applied. Every
+// step is idempotent, so a step whose version row was lost to a crash runs
+// again harmlessly, and an outbox table dropped alone (its version table
+// left behind) is made again. The steps only add tables, so rows, their ids
+// and their order are untouched.
+func (s *Storage) Migrate(ctx context.Context) error {
+	if err := s.migrateTo(ctx, LatestVersion()); err != nil {
+		return fmt.Errorf("migrate outbox schema %s: %w", s.table, err)
+	}
+	return nil
+}
+
+// migrateTo applies the steps up to version target (tests start from older
+// versions with it).
+func (s *Storage) migrateTo(ctx context.Context, target int) error {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("create outbox schema for %s: %w", s.table, err)
+		return err
 	}
 	defer func() { _ = conn.Close() }()
 	lock := "txoutbox schema " + s.name
 	var got sql.NullInt64
 	// GET_LOCK is held by the session: take and release it on one connection.
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, SchemaLockTimeout).Scan(&got); err != nil {
-		return fmt.Errorf("create outbox schema for %s: lock: %w", s.table, err)
+		return fmt.Errorf("lock: %w", err)
 	}
 	if got.Int64 != 1 {
-		return fmt.Errorf("create outbox schema for %s: another process held the schema lock for %ds", s.table, SchemaLockTimeout)
+		return fmt.Errorf("another process held the schema lock %q for %ds", lock, SchemaLockTimeout)
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", lock) //nolint:errcheck // the lock also ends with the session
-	if _, err := conn.ExecContext(ctx, s.SchemaSQL()); err != nil {
-		return fmt.Errorf("create outbox schema for %s: %w", s.table, err)
+	vt := s.MigrationTable()
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+vt+` (
+    version    INT          NOT NULL,
+    name       VARCHAR(255) NOT NULL,
+    applied_at DATETIME(6)  NOT NULL,
+    PRIMARY KEY (version)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`); err != nil {
+		return fmt.Errorf("create %s: %w", vt, err)
+	}
+	var current int
+	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM "+vt).Scan(&current); err != nil {
+		return fmt.Errorf("read %s: %w", vt, err)
+	}
+	steps := loadSteps()
+	if current > len(steps) {
+		return fmt.Errorf("database schema is at version %d, newer than this code's %d: upgrade txoutbox", current, len(steps))
+	}
+	// A version table left behind by a dropped outbox table (tests and
+	// resets often drop the table alone): the applied steps run again; each
+	// is idempotent.
+	if current > 0 {
+		if _, err := conn.ExecContext(ctx, "SELECT 1 FROM "+s.table+" LIMIT 0"); isNoSuchTable(err) {
+			for _, st := range steps[:current] {
+				if _, err := conn.ExecContext(ctx, s.render(st.up)); err != nil {
+					return fmt.Errorf("step %d (%s) again, the outbox table being gone: %w", st.version, st.name, err)
+				}
+			}
+		} else if err != nil {
+			return fmt.Errorf("check %s: %w", s.table, err)
+		}
+	}
+	for _, st := range steps[current:min(target, len(steps))] {
+		if _, err := conn.ExecContext(ctx, s.render(st.up)); err != nil {
+			return fmt.Errorf("step %d (%s): %w", st.version, st.name, err)
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT INTO "+vt+" (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
+			st.version, st.name); err != nil {
+			return fmt.Errorf("record step %d in %s: %w", st.version, vt, err)
+		}
 	}
 	return nil
 }
+
+// MigrationStatus implements [storage.Migrator]. A database without the
+// version table reports version 0.
+func (s *Storage) MigrationStatus(ctx context.Context) (storage.MigrationStatus, error) {
+	st := storage.MigrationStatus{Latest: LatestVersion()}
+	rows, err := s.db.QueryContext(ctx, "SELECT version, name, "+micros("applied_at")+" FROM "+s.MigrationTable()+" ORDER BY version")
+	if isNoSuchTable(err) {
+		return st, nil
+	}
+	if err != nil {
+		return st, fmt.Errorf("read outbox schema version of %s: %w", s.table, err)
+	}
+	defer func() { _ = rows.Close() }()
+	for rows.Next() {
+		var (
+			m  storage.AppliedMigration
+			at int64
+		)
+		if err := rows.Scan(&m.Version, &m.Name, &at); err != nil {
+			return st, fmt.Errorf("read outbox schema version of %s: %w", s.table, err)
+		}
+		m.AppliedAt = fromMicros(at).UTC()
+		st.Applied = append(st.Applied, m)
+		st.Current = max(st.Current, m.Version)
+	}
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("read outbox schema version of %s: %w", s.table, err)
+	}
+	return st, nil
+}
+
+// isNoSuchTable reports ER_NO_SUCH_TABLE.
+func isNoSuchTable(err error) bool { return mysqlErrNumber(err) == errNoSuchTable }

@@ -19,7 +19,12 @@ func harness(config Config) storagetest.Harness {
 			return storagetest.State(inspect(t, s.(*Storage), id))
 		},
 		StrictOrdering: !config.DisableStrictOrdering,
-		Parallel:       true,
+		NewHoldOnDeadLetter: func(t *testing.T) storage.Storage {
+			config := config
+			config.HoldOnDeadLetter = true
+			return newStore(t, config)
+		},
+		Parallel: true,
 	}
 }
 
