@@ -11,8 +11,8 @@ import (
 
 	"github.com/txoutbox/txoutbox/storage"
 	"github.com/txoutbox/txoutbox/storage/memory"
-	"github.com/txoutbox/txoutbox/storage/postgres"
 	"github.com/txoutbox/txoutbox/storage/mysql"
+	"github.com/txoutbox/txoutbox/storage/postgres"
 	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
 
