@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -17,9 +16,6 @@ import (
 	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
 
-// errUnsupported marks a database URL whose storage has no operator support
-// in this build.
-var errUnsupported = errors.New("not supported yet by this build")
 
 // backend is an opened outbox table with what the command needs of it.
 type backend struct {

@@ -547,13 +547,6 @@ func TestHelpAndUsage(t *testing.T) {
 	}
 }
 
-func TestUnsupportedSchemes(t *testing.T) {
-	t.Parallel()
-	for _, u := range []string{"mysql://app@db/app"} {
-		txoutbox(t, u, "status").want(t, exitError, "not supported yet by this build")
-	}
-}
-
 // TestNoPasswordInAnyOutput runs every command, on its error paths and with
 // --json, against URLs holding a password (from the environment and from
 // the flag), and checks that the password appears nowhere.
