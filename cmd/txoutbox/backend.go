@@ -16,7 +16,6 @@ import (
 	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
 
-
 // backend is an opened outbox table with what the command needs of it.
 type backend struct {
 	op    storage.Operator
