@@ -4,8 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"strings"
+		"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -34,8 +33,8 @@ type Config struct {
 
 	// DisableStrictOrdering turns strict per-key ordering off. With it on (the
 	// default) a record is held back while an earlier pending record with the
-	// same key is not claimable, and claims on one table are serialised by a
-	// transaction-scoped advisory lock.
+	// same key is not delivered (or dead-lettered); claims of different keys
+	// do not wait for one another.
 	DisableStrictOrdering bool
 
 	// VisibilityDelay makes Claim take only records created at least this long
@@ -124,7 +123,7 @@ func parseTable(name string) (pgx.Identifier, error) {
 
 // Storage is the PostgreSQL outbox storage over a pgx pool. It implements
 // [storage.Storage], [storage.Inserter], [storage.StatsReader] and
-// [storage.Maintainer] and [storage.Membership], and is safe for concurrent
+// [storage.Maintainer], and is safe for concurrent
 // use.
 type Storage struct {
 	pool   *pgxpool.Pool
@@ -133,9 +132,7 @@ type Storage struct {
 	ident     pgx.Identifier // table, as configured
 	table     string         // table, quoted for SQL
 	leases    string         // lease table, quoted for SQL
-	workers   string         // worker table (slot sharing), quoted for SQL
 	delivered string         // delivered table (one narrow row per acked record), quoted for SQL
-	lockKey   int64          // advisory lock serialising strict-ordering claims
 
 	q queries
 }
@@ -145,7 +142,6 @@ var (
 	_ storage.Inserter    = (*Storage)(nil)
 	_ storage.StatsReader = (*Storage)(nil)
 	_ storage.Maintainer  = (*Storage)(nil)
-	_ storage.Membership  = (*Storage)(nil)
 )
 
 // New returns a storage over pool. It validates config and does not touch the
@@ -167,12 +163,8 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 		table:  ident.Sanitize(),
 	}
 	s.leases = siblingName(ident, "leases")
-	s.workers = siblingName(ident, "workers")
 	s.delivered = siblingName(ident, "delivered")
-	h := fnv.New64a()
-	h.Write([]byte("txoutbox claim " + s.table))
-	s.lockKey = int64(h.Sum64())
-	s.q = buildQueries(s.table, s.leases, s.workers, s.delivered, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck)
+	s.q = buildQueries(s.table, s.leases, s.delivered, config)
 	return s, nil
 }
 
@@ -184,12 +176,6 @@ func (s *Storage) Table() string { return s.table }
 // example "app"."outbox_leases"). A forwarder's role needs SELECT, INSERT,
 // UPDATE and DELETE on it.
 func (s *Storage) LeaseTable() string { return s.leases }
-
-// WorkerTable returns the table of the workers that are claiming, as quoted
-// in SQL: the outbox table's name with the suffix "_workers", in the same
-// schema. Claims with strict ordering share the key slots among these
-// workers. A forwarder's role needs SELECT, INSERT, UPDATE and DELETE on it.
-func (s *Storage) WorkerTable() string { return s.workers }
 
 // DeliveredTable returns the table that records the delivered records, as
 // quoted in SQL: the outbox table's name with the suffix "_delivered", in the

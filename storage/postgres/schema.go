@@ -31,9 +31,10 @@ func (s *Storage) SchemaSQL() string {
                  CHECK (status IN ('pending', 'delivered', 'dead')),
     last_error   TEXT,
     delivered_at TIMESTAMPTZ,
-    -- Key slot: claimers with strict ordering share the slots, so that they
-    -- work on disjoint keys. Every row of a key has the same slot.
-    slot         SMALLINT    NOT NULL GENERATED ALWAYS AS (%[8]s::smallint) STORED
+    -- Strict ordering: a row behind an earlier row of its key that waits for
+    -- its retry. Claims do not walk parked rows; an ack of the key unparks
+    -- the next ones.
+    parked       BOOLEAN     NOT NULL DEFAULT false
 );
 
 -- Leases live in their own narrow table: a claim inserts one small row per
@@ -47,13 +48,6 @@ CREATE TABLE IF NOT EXISTS %[2]s (
     leased_by    TEXT        NOT NULL,
     leased_until TIMESTAMPTZ NOT NULL,
     attempts     INTEGER     NOT NULL
-);
-
--- The workers that claimed recently (strict ordering shares the key slots
--- among them); a claim refreshes its own row.
-CREATE TABLE IF NOT EXISTS %[7]s (
-    worker_id    TEXT        PRIMARY KEY,
-    seen_until   TIMESTAMPTZ NOT NULL
 );
 
 -- Delivered records: an ack deletes the outbox row and adds a narrow row here
@@ -74,17 +68,17 @@ CREATE TABLE IF NOT EXISTS %[9]s (
 -- Purge: delivered records by age.
 CREATE INDEX IF NOT EXISTS %[10]s ON %[9]s (delivered_at);
 
--- Claim walks pending rows in id order, those of its own slots only (the
--- slot is checked in the index); delivered rows never enter this index.
-CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (id, slot) WHERE status = 'pending';
+-- The claim's walk: pending rows that are not parked, due first. Rows
+-- waiting for their retry are due later and parked rows are not in it, so
+-- a claim walks what it may take, and the rows behind heads in flight.
+CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (due_at, id) WHERE status = 'pending' AND NOT parked;
 
--- Strict ordering: is there an earlier pending row of the same key that is
--- not claimable? Leased rows are in the lease table; the only other ones are
--- rows rescheduled for later, so only they are indexed here, by due time (the
--- claim reads those not yet due): the lookup stays cheap however long the
--- backlog.
-CREATE INDEX IF NOT EXISTS %[4]s ON %[1]s (due_at, key, id)
-    WHERE status = 'pending' AND key <> '' AND due_at > created_at;
+-- Strict ordering: the pending rows of a key in id order (is there an
+-- earlier one? which rows follow a head?).
+CREATE INDEX IF NOT EXISTS %[4]s ON %[1]s (key, id) WHERE status = 'pending' AND key <> '';
+
+-- Strict ordering: the parked rows of a key, to unpark them in id order.
+CREATE INDEX IF NOT EXISTS %[7]s ON %[1]s (key, id) WHERE status = 'pending' AND parked;
 
 -- Purge: outbox rows marked delivered in place (by hand, or by an earlier,
 -- unreleased version whose ack updated the row; an ack now moves the record
@@ -94,8 +88,8 @@ CREATE INDEX IF NOT EXISTS %[5]s ON %[1]s (delivered_at) WHERE status = 'deliver
 -- Redrive and inspection of dead-lettered rows by topic.
 CREATE INDEX IF NOT EXISTS %[6]s ON %[1]s (topic, id) WHERE status = 'dead';
 `, t, s.leases,
-		idx("pending_idx"), idx("rescheduled_idx"), idx("delivered_idx"), idx("dead_idx"),
-		s.workers, slotOf("key", "id"), s.delivered, idx("delivered_at_idx"))
+		idx("walk_idx"), idx("key_idx"), idx("delivered_idx"), idx("dead_idx"),
+		idx("parked_idx"), "", s.delivered, idx("delivered_at_idx"))
 
 	if ch := s.config.NotifyChannel; ch != "" {
 		fn := siblingName(s.ident, "notify")
@@ -133,12 +127,6 @@ func (s *Storage) CreateSchema(ctx context.Context) error {
 		return fmt.Errorf("create outbox schema for %s: commit: %w", s.table, err)
 	}
 	return nil
-}
-
-// slotOf is the slot of a row from its key and id columns, as the outbox
-// table's generated slot column computes it.
-func slotOf(key, id string) string {
-	return fmt.Sprintf("(CASE WHEN %[1]s = '' THEN %[2]s %% %[3]d ELSE hashtext(%[1]s) & %[4]d END)", key, id, slotCount, slotCount-1)
 }
 
 // siblingName is an object named after the table (derivedName) in the
