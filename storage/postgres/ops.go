@@ -74,8 +74,9 @@ func buildQueries(t, leases, delivered string, c Config) queries {
 SELECT o.id FROM %[1]s o
 WHERE o.status = 'pending' AND NOT o.parked AND o.due_at <= (SELECT t FROM clk)%[3]s
   AND NOT %[4]s
-  AND (o.key = '' OR NOT EXISTS (
-      SELECT FROM %[1]s p WHERE p.key = o.key AND p.key <> '' AND p.status = 'pending' AND p.id < o.id))
+  AND (o.key = '' OR o.id = (
+      SELECT p.id FROM %[1]s p WHERE p.key = o.key AND p.key <> '' AND p.status = 'pending'
+      ORDER BY p.key, p.id LIMIT 1))
 ORDER BY o.due_at, o.id
 LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`, t, leases, visible("o"), leased("o"))
