@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/txoutbox/txoutbox/internal/migfiles"
 	"github.com/txoutbox/txoutbox/storage"
 )
 
@@ -56,16 +57,7 @@ func (s *Storage) Diagnose(ctx context.Context) ([]storage.Finding, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case ms.Current == ms.Latest:
-		add("schema version", storage.SeverityOK, "version %d, the latest", ms.Current)
-	case ms.Current > ms.Latest:
-		add("schema version", storage.SeverityProblem, "version %d is newer than this build's %d: upgrade txoutbox", ms.Current, ms.Latest)
-	case ms.Current == 0:
-		add("schema version", storage.SeverityProblem, "no version recorded in %s (never migrated): run `txoutbox migrate up`", s.MigrationTable())
-	default:
-		add("schema version", storage.SeverityProblem, "version %d, latest is %d: run `txoutbox migrate up`", ms.Current, ms.Latest)
-	}
+	out = append(out, migfiles.VersionFinding(ms, s.MigrationTable()))
 
 	problems, warnings, err := s.drift(ctx)
 	if err != nil {

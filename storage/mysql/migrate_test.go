@@ -43,7 +43,7 @@ func TestMigrateConcurrently(t *testing.T) {
 		t.Fatalf("MigrationStatus = %+v, want every one of the %d steps applied once", st, LatestVersion())
 	}
 	for i, m := range st.Applied {
-		if m.Version != i+1 || m.Name != loadSteps()[i].name || m.AppliedAt.IsZero() || time.Since(m.AppliedAt) > time.Hour {
+		if m.Version != i+1 || m.Name != loadSteps()[i].Name || m.AppliedAt.IsZero() || time.Since(m.AppliedAt) > time.Hour {
 			t.Errorf("applied step %d = %+v", i, m)
 		}
 	}

@@ -5,12 +5,10 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
-	"path"
-	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/txoutbox/txoutbox/internal/migfiles"
 	"github.com/txoutbox/txoutbox/storage"
 )
 
@@ -25,28 +23,10 @@ const SchemaLockTimeout = 30
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-type step struct {
-	version  int
-	name     string
-	up, down string
-}
-
-var loadSteps = sync.OnceValue(func() []step {
-	files, err := fs.Glob(migrationFiles, "migrations/*.up.sql")
-	if err != nil {
-		panic(err)
-	}
-	var steps []step
-	for _, f := range files {
-		base := strings.TrimSuffix(path.Base(f), ".up.sql")
-		num, name, ok := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v != len(steps)+1 {
-			panic(fmt.Sprintf("mysql migrations: %s is not step %d", f, len(steps)+1))
-		}
-		up, _ := migrationFiles.ReadFile(f)
-		down, _ := migrationFiles.ReadFile(strings.TrimSuffix(f, ".up.sql") + ".down.sql")
-		steps = append(steps, step{version: v, name: name, up: strings.TrimSpace(string(up)), down: strings.TrimSpace(string(down))})
+var loadSteps = sync.OnceValue(func() []migfiles.Step {
+	steps := migfiles.Load(migrationFiles, "mysql")
+	for i := range steps {
+		steps[i].Up, steps[i].Down = strings.TrimSpace(steps[i].Up), strings.TrimSpace(steps[i].Down)
 	}
 	return steps
 })
@@ -90,7 +70,7 @@ func (s *Storage) Migrations() []storage.Migration {
 	steps := loadSteps()
 	out := make([]storage.Migration, len(steps))
 	for i, st := range steps {
-		out[i] = storage.Migration{Version: st.version, Name: st.name, Up: s.render(st.up), Down: s.render(st.down)}
+		out[i] = storage.Migration{Version: st.Version, Name: st.Name, Up: s.render(st.Up), Down: s.render(st.Down)}
 	}
 	return out
 }
@@ -177,8 +157,8 @@ func (s *Storage) migrateTo(ctx context.Context, target int) error {
 	if current > 0 {
 		if _, err := conn.ExecContext(ctx, "SELECT 1 FROM "+s.table+" LIMIT 0"); isNoSuchTable(err) {
 			for _, st := range steps[:current] {
-				if _, err := conn.ExecContext(ctx, s.render(st.up)); err != nil {
-					return fmt.Errorf("step %d (%s) again, the outbox table being gone: %w", st.version, st.name, err)
+				if _, err := conn.ExecContext(ctx, s.render(st.Up)); err != nil {
+					return fmt.Errorf("step %d (%s) again, the outbox table being gone: %w", st.Version, st.Name, err)
 				}
 			}
 		} else if err != nil {
@@ -186,12 +166,12 @@ func (s *Storage) migrateTo(ctx context.Context, target int) error {
 		}
 	}
 	for _, st := range steps[current:min(target, len(steps))] {
-		if _, err := conn.ExecContext(ctx, s.render(st.up)); err != nil {
-			return fmt.Errorf("step %d (%s): %w", st.version, st.name, err)
+		if _, err := conn.ExecContext(ctx, s.render(st.Up)); err != nil {
+			return fmt.Errorf("step %d (%s): %w", st.Version, st.Name, err)
 		}
 		if _, err := conn.ExecContext(ctx, "INSERT INTO "+vt+" (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
-			st.version, st.name); err != nil {
-			return fmt.Errorf("record step %d in %s: %w", st.version, vt, err)
+			st.Version, st.Name); err != nil {
+			return fmt.Errorf("record step %d in %s: %w", st.Version, vt, err)
 		}
 	}
 	return nil

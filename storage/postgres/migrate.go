@@ -5,10 +5,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"path"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/txoutbox/txoutbox/internal/migfiles"
 	"github.com/txoutbox/txoutbox/storage"
 )
 
@@ -29,31 +27,7 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-type step struct {
-	version  int
-	name     string
-	up, down string
-}
-
-var loadSteps = sync.OnceValue(func() []step {
-	files, err := fs.Glob(migrationFiles, "migrations/*.up.sql")
-	if err != nil {
-		panic(err)
-	}
-	var steps []step
-	for _, f := range files {
-		base := strings.TrimSuffix(path.Base(f), ".up.sql")
-		num, name, ok := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v != len(steps)+1 {
-			panic(fmt.Sprintf("postgres migrations: %s is not step %d", f, len(steps)+1))
-		}
-		up, _ := migrationFiles.ReadFile(f)
-		down, _ := migrationFiles.ReadFile(strings.TrimSuffix(f, ".up.sql") + ".down.sql")
-		steps = append(steps, step{version: v, name: name, up: string(up), down: string(down)})
-	}
-	return steps
-})
+var loadSteps = sync.OnceValue(func() []migfiles.Step { return migfiles.Load(migrationFiles, "postgres") })
 
 // SchemaLockTimeout bounds how long [Storage.Migrate] waits for a lock (its
 // own advisory lock, or a table lock when a step or the notify trigger must
@@ -94,9 +68,9 @@ var createsRE = regexp.MustCompile(`CREATE (?:TABLE|INDEX) IF NOT EXISTS \{(tabl
 
 // creates lists, as SQL string literals for to_regclass, the tables and
 // indexes a step creates.
-func (s *Storage) creates(st step) []string {
+func (s *Storage) creates(st migfiles.Step) []string {
 	var out []string
-	for _, m := range createsRE.FindAllStringSubmatch(st.up, -1) {
+	for _, m := range createsRE.FindAllStringSubmatch(st.Up, -1) {
 		p := m[1]
 		switch {
 		case p == "table":
@@ -121,7 +95,7 @@ func (s *Storage) Migrations() []storage.Migration {
 	steps := loadSteps()
 	out := make([]storage.Migration, len(steps))
 	for i, st := range steps {
-		out[i] = storage.Migration{Version: st.version, Name: st.name, Up: s.render(st.up), Down: s.render(st.down)}
+		out[i] = storage.Migration{Version: st.Version, Name: st.Name, Up: s.render(st.Up), Down: s.render(st.Down)}
 	}
 	return out
 }
@@ -265,17 +239,17 @@ func (s *Storage) Migrate(ctx context.Context) error {
 		present := false
 		if len(objs) > 0 {
 			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT %s`, notNull(objs))).Scan(&present); err != nil {
-				return fail(fmt.Sprintf("step %d (%s): read the catalog", st.version, st.name), err)
+				return fail(fmt.Sprintf("step %d (%s): read the catalog", st.Version, st.Name), err)
 			}
 		}
 		if !present {
 			// Simple protocol: a step is several statements.
-			if _, err := tx.Exec(ctx, s.render(st.up), pgx.QueryExecModeSimpleProtocol); err != nil {
-				return fail(fmt.Sprintf("step %d (%s)", st.version, st.name), err)
+			if _, err := tx.Exec(ctx, s.render(st.Up), pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fail(fmt.Sprintf("step %d (%s)", st.Version, st.Name), err)
 			}
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (version, name) VALUES ($1, $2)`, s.MigrationTable()), st.version, st.name); err != nil {
-			return fail(fmt.Sprintf("record step %d", st.version), err)
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (version, name) VALUES ($1, $2)`, s.MigrationTable()), st.Version, st.Name); err != nil {
+			return fail(fmt.Sprintf("record step %d", st.Version), err)
 		}
 	}
 	if s.config.NotifyChannel != "" {

@@ -205,7 +205,7 @@ func TestMigrateUpgradeFromVersion1(t *testing.T) {
 			s, err := New(testPool(t), Config{Table: schema + ".outbox"})
 			must(t, err)
 			step1 := loadSteps()[0]
-			_, err = s.pool.Exec(ctx, s.render(step1.up), pgx.QueryExecModeSimpleProtocol)
+			_, err = s.pool.Exec(ctx, s.render(step1.Up), pgx.QueryExecModeSimpleProtocol)
 			must(t, err)
 			if recorded {
 				_, err = s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now());
@@ -340,7 +340,7 @@ func TestDiagnoseDetectsTransactionPooler(t *testing.T) {
 // the key modulo slotCount, as the claim assumes.
 func TestSlotColumnMatchesSlotCount(t *testing.T) {
 	want := fmt.Sprintf("(CASE WHEN key = '' THEN id %% %d ELSE hashtext(key) & %d END)", slotCount, slotCount-1)
-	if !strings.Contains(loadSteps()[0].up, want) {
+	if !strings.Contains(loadSteps()[0].Up, want) {
 		t.Fatalf("step 1's slot column is not %s", want)
 	}
 }

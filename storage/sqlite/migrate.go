@@ -5,13 +5,11 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
-	"path"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/txoutbox/txoutbox/internal/migfiles"
 	"github.com/txoutbox/txoutbox/storage"
 )
 
@@ -21,31 +19,7 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-type step struct {
-	version  int
-	name     string
-	up, down string
-}
-
-var loadSteps = sync.OnceValue(func() []step {
-	files, err := fs.Glob(migrationFiles, "migrations/*.up.sql")
-	if err != nil {
-		panic(err)
-	}
-	var steps []step
-	for _, f := range files {
-		base := strings.TrimSuffix(path.Base(f), ".up.sql")
-		num, name, ok := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v != len(steps)+1 {
-			panic(fmt.Sprintf("sqlite migrations: %s is not step %d", f, len(steps)+1))
-		}
-		up, _ := migrationFiles.ReadFile(f)
-		down, _ := migrationFiles.ReadFile(strings.TrimSuffix(f, ".up.sql") + ".down.sql")
-		steps = append(steps, step{version: v, name: name, up: string(up), down: string(down)})
-	}
-	return steps
-})
+var loadSteps = sync.OnceValue(func() []migfiles.Step { return migfiles.Load(migrationFiles, "sqlite") })
 
 // LatestVersion is the schema version this code needs and Migrate brings a
 // database to.
@@ -71,7 +45,7 @@ func (s *Storage) Migrations() []storage.Migration {
 	steps := loadSteps()
 	out := make([]storage.Migration, len(steps))
 	for i, st := range steps {
-		out[i] = storage.Migration{Version: st.version, Name: st.name, Up: s.render(st.up), Down: s.render(st.down)}
+		out[i] = storage.Migration{Version: st.Version, Name: st.Name, Up: s.render(st.Up), Down: s.render(st.Down)}
 	}
 	return out
 }
@@ -145,11 +119,11 @@ func (s *Storage) Migrate(ctx context.Context) error {
 			return fmt.Errorf("database schema is at version %d, newer than this code's %d: upgrade txoutbox", current, len(steps))
 		}
 		for _, st := range steps[current:] {
-			if _, err := conn.ExecContext(ctx, s.render(st.up)); err != nil {
-				return fmt.Errorf("step %d (%s): %w", st.version, st.name, err)
+			if _, err := conn.ExecContext(ctx, s.render(st.Up)); err != nil {
+				return fmt.Errorf("step %d (%s): %w", st.Version, st.Name, err)
 			}
 			if _, err := conn.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (version, name, applied_at) VALUES (?, ?, ?)`, vt),
-				st.version, st.name, nanos(s.now())); err != nil {
+				st.Version, st.Name, nanos(s.now())); err != nil {
 				return err
 			}
 		}
