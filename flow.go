@@ -537,8 +537,9 @@ func (s *session) extended(x *extension) {
 // ackWindow is how long the completer gathers published records after the
 // first one before it acks them in one statement, unless a batch's worth
 // comes sooner or every record claimed has been published or settled (no
-// more are coming until the next claim, which may wait for this ack). Acking whatever was queued at once made each ack a handful
-// of records and each its own commit: with a no-op target, a drain at batch
+// more are coming until the next claim, which may wait for this ack).
+// Acking whatever was queued at once made each ack a handful of records and
+// each its own commit: with a no-op target, a drain at batch
 // 1000 did half the messages per second on twice the database CPU per
 // message.
 const ackWindow = 10 * time.Millisecond
@@ -855,7 +856,6 @@ func (s *session) fail(g *group, i int, err error) bool {
 	return false
 }
 
-// releaseRest releases g.records[from:], untried.
 // settleLocal counts n records of g as settled by a lane (nack, release,
 // dead-letter) rather than by the completer.
 func (s *session) settleLocal(g *group, n int) {
@@ -863,6 +863,7 @@ func (s *session) settleLocal(g *group, n int) {
 	s.unreported.Add(-int64(n))
 }
 
+// releaseRest releases g.records[from:], untried.
 func (s *session) releaseRest(g *group, from int, retryAt time.Time, why string) {
 	g.next.Store(int64(len(g.records)))
 	rest := g.records[from:]
