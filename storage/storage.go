@@ -227,8 +227,8 @@ func (p RedriveParams) Validate() error {
 // them). The forwarder's Run calls Join before its first claim, so that
 // forwarders starting together share the keys from their first claims on,
 // and Leave when it returns, so that the others take over its share at once
-// instead of after a timeout. Neither may touch records or leases; a claim
-// joins too.
+// instead of after a timeout; RunOnce, whose claim joins, calls Leave when it
+// is done. Neither may touch records or leases; a claim joins too.
 type Membership interface {
 	Join(ctx context.Context, workerID string) error
 	Leave(ctx context.Context, workerID string) error

@@ -88,7 +88,7 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 // back to pending, due now, with attempts 0 and no error.
 func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, error) {
 	set := fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL,
-    due_at = now()
+    due_at = now(), dead_at = NULL
 WHERE status = 'dead' AND `, s.table)
 	if err := p.Validate(); err != nil {
 		return 0, fmt.Errorf("redrive outbox rows: %w", err)

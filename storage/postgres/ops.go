@@ -268,7 +268,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		release: fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 
-		deadLetter: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3
+		deadLetter: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 
 		// The claim must walk the pending index in id order and stop after
@@ -295,7 +295,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		// arithmetic, far above jit_above_cost, and compiling the claim with
 		// LLVM took 600 ms for a claim that runs in under one.
 		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
-		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
+		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// Write-backs read the lease table by id; with a plan cached while
 		// it was small they would scan it whole (see plan).
@@ -306,7 +306,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		// batch lock them in the same order and cannot deadlock; a bitmap
 		// scan would take them in heap order.
 		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
-		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
+		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// A lease that ran out is not extended, even when nobody took it
 		// over yet: the forwarder may already have been overtaken.
@@ -333,7 +333,7 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	if s.config.DisableStrictOrdering {
 		b.Queue(s.q.plan)
 	} else {
-		b.Queue(s.q.planLock, s.lockKey)
+		b.Queue(s.q.planLock, s.table)
 	}
 	b.Queue(s.q.claim, args...)
 	br := s.pool.SendBatch(ctx, b)
@@ -432,7 +432,7 @@ func (s *Storage) writeBack(ctx context.Context, sql string, args ...any) error 
 func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) error {
 	b := &pgx.Batch{}
 	if lock {
-		b.Queue(s.q.writePlanLock, s.lockKey)
+		b.Queue(s.q.writePlanLock, s.table)
 	} else {
 		b.Queue(s.q.writePlan)
 	}
@@ -440,12 +440,16 @@ func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) 
 	return s.pool.SendBatch(ctx, b).Close()
 }
 
-// Join implements [storage.Membership]: the worker counts as a claimer for
+// Join implements [storage.Membership] (a no-op without strict ordering,
+// which has no key slots to share): the worker counts as a claimer for
 // memberTTL from now, so that the others leave it its share of the key slots
 // from their next claim on. A claim joins too; the forwarder calls Join when
 // Run starts, so that forwarders started together do not all claim from
 // every slot at first.
 func (s *Storage) Join(ctx context.Context, workerID string) error {
+	if s.config.DisableStrictOrdering {
+		return nil // without strict ordering there are no key slots to share
+	}
 	if _, err := s.pool.Exec(ctx, s.q.join, workerID); err != nil {
 		return fmt.Errorf("join %s as worker %q: %w", s.workers, workerID, err)
 	}
@@ -457,6 +461,9 @@ func (s *Storage) Join(ctx context.Context, workerID string) error {
 // claim on instead of after memberTTL. The forwarder calls it when Run
 // returns.
 func (s *Storage) Leave(ctx context.Context, workerID string) error {
+	if s.config.DisableStrictOrdering {
+		return nil
+	}
 	if _, err := s.pool.Exec(ctx, s.q.leave, workerID); err != nil {
 		return fmt.Errorf("leave %s as worker %q: %w", s.workers, workerID, err)
 	}

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"time"
 
@@ -152,7 +151,6 @@ type Storage struct {
 	workers   string         // worker table (slot sharing), quoted for SQL
 	delivered string         // delivered table (one narrow row per acked record), quoted for SQL
 	skipped   string         // skipped table (skipped records and their audit record), quoted for SQL
-	lockKey   int64          // advisory lock serialising strict-ordering claims
 
 	q queries
 }
@@ -192,9 +190,6 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 	s.workers = siblingName(ident, "workers")
 	s.delivered = siblingName(ident, "delivered")
 	s.skipped = siblingName(ident, "skipped")
-	h := fnv.New64a()
-	h.Write([]byte("txoutbox claim " + s.table))
-	s.lockKey = int64(h.Sum64())
 	s.q = buildQueries(s.table, s.leases, s.workers, s.delivered, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck,
 		config.HoldOnDeadLetter)
 	return s, nil

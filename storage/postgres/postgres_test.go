@@ -1095,3 +1095,37 @@ func TestLeasesLockedInIDOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestLockKeyFollowsTheTableNotItsSpelling: two storages over one table,
+// one naming it with its schema and one through the search path, take the
+// same claim lock: while one holds it (a claim's transaction), the other's
+// claim waits. With a lock keyed on the spelling they took two locks, and
+// two claimers reordered a key while its head waited for a retry.
+func TestLockKeyFollowsTheTableNotItsSpelling(t *testing.T) {
+	t.Parallel()
+	qualified := newStore(t, Config{})
+	ctx := t.Context()
+	cfg, err := pgxpool.ParseConfig(testDatabaseURL())
+	must(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = qualified.ident[0]
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	must(t, err)
+	t.Cleanup(pool.Close)
+	bare, err := New(pool, Config{Table: "outbox"})
+	must(t, err)
+	insert(t, qualified, rec("k"))
+
+	// Hold the claim lock as a claim of the qualified storage does.
+	tx, err := qualified.pool.Begin(ctx)
+	must(t, err)
+	defer tx.Rollback(context.Background()) //nolint:errcheck // test
+	_, err = tx.Exec(ctx, qualified.q.planLock, qualified.table)
+	must(t, err)
+
+	wait, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	got, err := bare.Claim(wait, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "bare"})
+	if !errors.Is(err, context.DeadlineExceeded) && wait.Err() == nil {
+		t.Fatalf("the claim through the search path did not wait for the lock held through the qualified name: claimed %d, %v", len(got), err)
+	}
+}
