@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -141,12 +142,13 @@ SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_err
 		// of its own slots (the slot range is a condition on the pending
 		// index, so other slots' rows cost no heap visit). Workers then hold
 		// disjoint keys and do not walk each other's held rows. If its own
-		// slots do not fill the batch, a claim also looks at the first
-		// BatchSize pending rows of the others' slots (two bounded walks,
-		// below and above its own range, so that the slot range is checked
-		// in the index there too): the slots of a worker that died are
-		// served until it drops out, and a small backlog goes out at once
-		// whoever owns it. Which slots a worker walks never decides what is
+		// slots do not fill the batch, a claim also takes the first
+		// claimable rows of the others' slots (two walks, below and above
+		// its own range, so that the slot range is checked in the index
+		// there too, each filtered before its LIMIT, so that rows leased by
+		// their owner do not hide the claimable ones behind them): the rows
+		// of a worker that died, other than those it still holds, go out at
+		// once, and so does a small backlog whoever owns it. Which slots a worker walks never decides what is
 		// claimable: every key lives in one slot, and the held-back check is
 		// the same for all of them: the maps are built from every live lease
 		// and rescheduled row, not from the own slots' only, so that order
@@ -186,16 +188,17 @@ c AS MATERIALIZED (
     FROM (
         SELECT * FROM (
             SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
-            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN 0 AND (SELECT lo FROM own) - 1
+            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN 0 AND (SELECT lo FROM own) - 1 AND %[11]s
+              AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
+              AND (p.key = '' OR p.id < COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807))
             ORDER BY p.id LIMIT $1) below
         UNION ALL
         SELECT * FROM (
             SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
-            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1
+            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1 AND %[11]s
+              AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
+              AND (p.key = '' OR p.id < COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807))
             ORDER BY p.id LIMIT $1) above) o
-    WHERE %[3]s
-      AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
-      AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
     LIMIT $1),
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
@@ -207,7 +210,8 @@ ins AS (
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
-FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head)
+FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
+			strings.ReplaceAll(due, "o.", "p."))
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather

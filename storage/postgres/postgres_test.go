@@ -1129,3 +1129,41 @@ func TestLockKeyFollowsTheTableNotItsSpelling(t *testing.T) {
 		t.Fatalf("the claim through the search path did not wait for the lock held through the qualified name: claimed %d, %v", len(got), err)
 	}
 }
+
+// TestDeadWorkerHoldsOnlyItsOwnKeys: a worker that died without leaving
+// (SIGKILL) still owns its key slots until it drops out of the worker
+// table, but only the keys it holds wait for its leases: the other keys of
+// its slots are claimed at once by the workers left. (The walk over the
+// others' slots applied its LIMIT before leaving out the dead worker's
+// leased rows, so a batch's worth of them hid every other key of its slots.)
+func TestDeadWorkerHoldsOnlyItsOwnKeys(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	must(t, s.Join(ctx, "a"))
+	must(t, s.Join(ctx, "b"))
+	// Keys in worker a's half of the slots (a < b, so a owns slots 0-127),
+	// two rows each, every key's first row before any second one.
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, topic, key)
+SELECT r || '-' || k, 't', k FROM generate_series(1, 2) r,
+    LATERAL (SELECT 'k' || g AS k FROM generate_series(1, 2000) g WHERE hashtext('k' || g) & 255 < 128) keys
+ORDER BY r, k`, s.table))
+	must(t, err)
+	held := claim(t, s, "a", 100, time.Hour) // then a dies, holding these
+	if len(held) != 100 {
+		t.Fatalf("a claimed %d, want 100", len(held))
+	}
+	heldKeys := map[string]bool{}
+	for _, r := range held {
+		heldKeys[r.Key] = true
+	}
+	got := claim(t, s, "b", 50, time.Minute)
+	if len(got) != 50 {
+		t.Fatalf("b claimed %d rows of the dead worker's slots, want 50: keys a does not hold must not wait for it", len(got))
+	}
+	for _, r := range got {
+		if heldKeys[r.Key] {
+			t.Fatalf("b claimed %+v, of a key a holds", r)
+		}
+	}
+}
