@@ -155,6 +155,11 @@ type Stats struct {
 	// Forwarders counts the distinct workers holding a live lease: the
 	// forwarders seen working right now. 0 from storages that do not report it.
 	Forwarders int64
+	// Fenced counts pending records held back because a transaction older
+	// than theirs is still running (the PostgreSQL storage's CommitFence):
+	// when it stays above 0, a long transaction is holding delivery back.
+	// 0 from storages without such a fence.
+	Fenced int64
 }
 
 // StatsReader is implemented by storages that can report [Stats]; the metrics

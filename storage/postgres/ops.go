@@ -31,11 +31,31 @@ type queries struct {
 	extend                                string
 }
 
-func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead bool) queries {
+func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead, fence bool) queries {
 	// A row is claimable when it is pending, due and not under a live lease.
 	due := "o.due_at <= (SELECT t FROM clk)"
 	if visibility > 0 {
 		due += fmt.Sprintf(" AND o.created_at <= (SELECT t FROM clk) - interval '%d microseconds'", visibility.Microseconds())
+	}
+	// CommitFence: a row may go out only once no transaction older than its
+	// producer's is still running (xmin of the statement's snapshot, read
+	// once in clk). Ids are taken at insert and xids at a transaction's first
+	// write, so a row that passes the fence can have a higher id than a row
+	// of its key that does not (its transaction wrote something else first);
+	// with strict ordering a fenced row therefore holds back the later rows
+	// of its key that its claim walks (each walk is in id order, so those
+	// come after it): blocked is true from a key's first fenced row on.
+	xmin, fenceOpen, fenceClose := "", "", ""
+	fenceCol := func(string) string { return "" }
+	if fence {
+		xmin = ", pg_snapshot_xmin(pg_current_snapshot()) AS x"
+		fenceOpen = `
+            SELECT * FROM (SELECT w.*, bool_or(NOT w.ok) OVER (
+                PARTITION BY CASE WHEN w.key = '' THEN w.id::text ELSE w.key END ORDER BY w.id) AS blocked FROM (`
+		fenceClose = ") w) b WHERE NOT b.blocked"
+		fenceCol = func(a string) string {
+			return fmt.Sprintf(",\n            (%[1]s.created_xid IS NULL OR %[1]s.created_xid < (SELECT x FROM clk)) AS ok", a)
+		}
 	}
 	hold := ""
 	if strict {
@@ -155,7 +175,7 @@ SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_err
 		// per key never rests on every row of a key having the same slot
 		// (it would not, should hashtext change under a pg_upgrade with rows
 		// pending).
-		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
+		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[16]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
     VALUES ($2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond'))
@@ -173,32 +193,32 @@ ls AS MATERIALIZED (
     FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
 hm AS MATERIALIZED (SELECT %[4]s AS m),
 c AS MATERIALIZED (
-    SELECT * FROM (
+    SELECT id, uuid, topic, key, payload, metadata, attempts, created_at, expired FROM (%[12]s
         SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-            (SELECT m FROM ls) ? o.id::text AS expired
+            (SELECT m FROM ls) ? o.id::text AS expired%[13]s
         FROM %[1]s o
         WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own) AND %[3]s
           AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
           AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
         ORDER BY o.id
-        LIMIT $1) mine
+        LIMIT $1%[14]s) mine
     UNION ALL
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
         (SELECT m FROM ls) ? o.id::text
     FROM (
-        SELECT * FROM (
-            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
+        SELECT id, uuid, topic, key, payload, metadata, attempts, created_at, due_at FROM (%[12]s
+            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at%[15]s
             FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN 0 AND (SELECT lo FROM own) - 1 AND %[11]s
               AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
               AND (p.key = '' OR p.id < COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807))
-            ORDER BY p.id LIMIT $1) below
+            ORDER BY p.id LIMIT $1%[14]s) below
         UNION ALL
-        SELECT * FROM (
-            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
+        SELECT id, uuid, topic, key, payload, metadata, attempts, created_at, due_at FROM (%[12]s
+            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at%[15]s
             FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1 AND %[11]s
               AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
               AND (p.key = '' OR p.id < COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807))
-            ORDER BY p.id LIMIT $1) above) o
+            ORDER BY p.id LIMIT $1%[14]s) above) o
     LIMIT $1),
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
@@ -211,7 +231,7 @@ ins AS (
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
 FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
-			strings.ReplaceAll(due, "o.", "p."))
+			strings.ReplaceAll(due, "o.", "p."), fenceOpen, fenceCol("o"), fenceClose, fenceCol("p"), xmin)
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather
@@ -224,7 +244,11 @@ FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, worke
 		// ON CONFLICT, which takes over a lease only once it has run out,
 		// judged on the latest committed lease, so two claimers never both
 		// hold a row even when one's snapshot predates the other's commit.
-		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
+		nsDue := due
+		if fence {
+			nsDue += " AND (o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk))"
+		}
+		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[8]s),
 %[7]s
 c AS MATERIALIZED (
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
@@ -241,7 +265,7 @@ ins AS (
     WHERE l.leased_until <= excluded.leased_until - $3::bigint * interval '1 microsecond'
     RETURNING l.id, l.attempts)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
-FROM ins JOIN c ON c.id = ins.id`, t, leases, due, leaseMap, leaseUntil, slotCount-1, head)
+FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotCount-1, head, xmin)
 	}
 	return queries{
 		// "Now" is one clock reading taken once the statement runs, after

@@ -52,6 +52,22 @@ type Config struct {
 	// false.
 	DeleteOnAck bool
 
+	// CommitFence makes Claim take only records whose producer transaction
+	// can no longer be overtaken by an earlier one: records written by a
+	// transaction older than every transaction still running in the
+	// database (pg_snapshot_xmin of the current snapshot, the fence
+	// watermill-sql v3 uses). Ids are taken at insert, not at commit, so
+	// without it a record of a long producer transaction can commit after a
+	// later record of its key was delivered; [Config.VisibilityDelay]
+	// guesses a time bound, the fence needs none. With strict ordering a
+	// fenced record also holds back the later records of its key. Its cost:
+	// any long transaction in the database, producer or not (a report, a
+	// migration, a session idle in transaction), holds delivery back until
+	// it ends; [Storage.Stats] reports how many pending records the fence
+	// holds back (Fenced, also the metrics middleware's
+	// txoutbox_outbox_fenced). Needs schema version 3. Defaults to false.
+	CommitFence bool
+
 	// NotifyChannel, when set, makes [Storage.Migrate] create (when missing)
 	// a trigger that sends a notification on this channel after every insert
 	// statement, and enables [Storage.Listen]. Same rules as a Table part.
@@ -191,7 +207,7 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 	s.delivered = siblingName(ident, "delivered")
 	s.skipped = siblingName(ident, "skipped")
 	s.q = buildQueries(s.table, s.leases, s.workers, s.delivered, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck,
-		config.HoldOnDeadLetter)
+		config.HoldOnDeadLetter, config.CommitFence)
 	return s, nil
 }
 

@@ -1167,3 +1167,114 @@ ORDER BY r, k`, s.table))
 		}
 	}
 }
+
+// TestCommitFence: with CommitFence, a record whose transaction commits
+// after a later record's is never delivered after it. Producer a takes id 1
+// and stays open; producer b takes id 2 of the same key and commits. Without
+// the fence a claim hands out 2, and 1 comes after it; with the fence 2
+// waits until a has committed, and then 1 and 2 go out in order.
+func TestCommitFence(t *testing.T) {
+	t.Parallel()
+	for _, strict := range []bool{true, false} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, Config{CommitFence: true, DisableStrictOrdering: !strict})
+			unfenced, err := New(s.pool, Config{Table: s.config.Table, DisableStrictOrdering: !strict})
+			must(t, err)
+			ctx := t.Context()
+			a, err := s.pool.Begin(ctx)
+			must(t, err)
+			defer a.Rollback(ctx) //nolint:errcheck // test
+			must(t, s.Insert(ctx, a, recs("k")))
+			insert(t, s, rec("k"))
+
+			if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 {
+				t.Fatalf("claimed %v while an older producer transaction is open", idsOf(got))
+			}
+			st, err := s.Stats(ctx)
+			must(t, err)
+			if st.Fenced != 1 {
+				t.Errorf("Stats.Fenced = %d, want 1", st.Fenced)
+			}
+			// The same table without the fence: the later record goes first.
+			tx, err := s.pool.Begin(ctx)
+			must(t, err)
+			rows, err := tx.Query(ctx, unfenced.q.claim, 10, "x", time.Minute.Microseconds())
+			must(t, err)
+			n := 0
+			for rows.Next() {
+				n++
+			}
+			must(t, rows.Err())
+			must(t, tx.Rollback(ctx))
+			if n != 1 {
+				t.Fatalf("without the fence the claim took %d records, want the later one", n)
+			}
+
+			must(t, a.Commit(ctx))
+			// The fence is database-wide: a transaction of another test
+			// running meanwhile may hold the records back a little longer.
+			got := claimUntil(t, s, 2)
+			if got[0].ID > got[1].ID {
+				t.Fatalf("after the older transaction committed: claimed %v, want both in id order", idsOf(got))
+			}
+		})
+	}
+}
+
+// TestCommitFenceHoldsTheKey: ids are taken at insert, xids at a
+// transaction's first write, so a record can pass the fence while an earlier
+// record of its key does not. Transaction z writes first (its xid is the
+// oldest), y starts and stays open, x inserts record 1 of key k and commits,
+// then z inserts record 2 of key k and commits: 2 (xid older than y) passes
+// the fence, 1 (younger than y) does not. With strict ordering 1 holds 2
+// back, as any earlier record of its key does.
+func TestCommitFenceHoldsTheKey(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{CommitFence: true})
+	ctx := t.Context()
+	begin := func() pgx.Tx {
+		tx, err := s.pool.Begin(ctx)
+		must(t, err)
+		t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck // test
+		_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // takes its xid now
+		must(t, err)
+		return tx
+	}
+	z := begin()
+	y := begin()
+	x := begin()
+	must(t, s.Insert(ctx, x, recs("k")))
+	must(t, x.Commit(ctx))
+	must(t, s.Insert(ctx, z, recs("k")))
+	must(t, z.Commit(ctx))
+	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed %v: the later record of k went out while the earlier one was fenced", idsOf(got))
+	}
+	must(t, y.Commit(ctx))
+	got := claimUntil(t, s, 2)
+	if got[0].ID > got[1].ID {
+		t.Fatalf("after y committed: claimed %v, want both in id order", idsOf(got))
+	}
+}
+
+// claimUntil claims until n records came out (a fence held by another
+// test's transaction ends soon) and returns them in the order claimed.
+func claimUntil(t *testing.T, s *Storage, n int) []storage.Record {
+	t.Helper()
+	var got []storage.Record
+	for deadline := time.Now().Add(30 * time.Second); len(got) < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("claimed %v within 30 s, want %d records", idsOf(got), n)
+		}
+		more := claim(t, s, "w", 10, time.Minute)
+		got = append(got, more...)
+		if len(more) == 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if len(got) != n {
+		t.Fatalf("claimed %v, want %d records", idsOf(got), n)
+	}
+	return got
+}
