@@ -1237,7 +1237,7 @@ func TestCommitFenceHoldsTheKey(t *testing.T) {
 		tx, err := s.pool.Begin(ctx)
 		must(t, err)
 		t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck // test
-		_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // takes its xid now
+		_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()")    // takes its xid now
 		must(t, err)
 		return tx
 	}
