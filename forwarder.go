@@ -261,6 +261,10 @@ func (f *Forwarder) RunOnce(ctx context.Context) (RunOnceResult, error) {
 	s, cancel := f.newSession(ctx, true)
 	defer cancel()
 	s.run()
+	// A claim counts its worker as a member (storage.Membership): a cron
+	// job's RunOnce, often with a fresh WorkerID each time, leaves at once
+	// rather than holding a share of the keys until it times out.
+	f.leave(ctx)
 	res := s.result
 	res.Duration = time.Since(start)
 	f.logger.Trace("Forwarder RunOnce done", watermill.LogFields{

@@ -155,6 +155,11 @@ type Stats struct {
 	// Forwarders counts the distinct workers holding a live lease: the
 	// forwarders seen working right now. 0 from storages that do not report it.
 	Forwarders int64
+	// Fenced counts pending records held back because a transaction older
+	// than theirs is still running (the PostgreSQL storage's CommitFence):
+	// when it stays above 0, a long transaction is holding delivery back.
+	// 0 from storages without such a fence.
+	Fenced int64
 }
 
 // StatsReader is implemented by storages that can report [Stats]; the metrics
@@ -227,8 +232,8 @@ func (p RedriveParams) Validate() error {
 // them). The forwarder's Run calls Join before its first claim, so that
 // forwarders starting together share the keys from their first claims on,
 // and Leave when it returns, so that the others take over its share at once
-// instead of after a timeout. Neither may touch records or leases; a claim
-// joins too.
+// instead of after a timeout; RunOnce, whose claim joins, calls Leave when it
+// is done. Neither may touch records or leases; a claim joins too.
 type Membership interface {
 	Join(ctx context.Context, workerID string) error
 	Leave(ctx context.Context, workerID string) error

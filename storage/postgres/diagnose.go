@@ -20,7 +20,7 @@ const ListenProbeTimeout = 3 * time.Second
 
 // outboxColumns are the outbox table's columns as the migrations make them.
 var outboxColumns = []string{"id", "uuid", "topic", "key", "payload", "metadata", "created_at", "due_at", "attempts",
-	"status", "last_error", "delivered_at", "slot"}
+	"status", "last_error", "delivered_at", "slot", "dead_at"}
 
 // Diagnose implements [storage.Diagnoser]. Its checks:
 //

@@ -28,7 +28,9 @@
 //
 // On by default: a row is held back while an earlier pending row with the same
 // key is leased or not yet due. Claims on one table take a transaction-scoped
-// advisory lock, sent in the same round trip as the claim, so each claim sees
+// advisory lock, keyed on the table's identity (its oid, so that "outbox" and
+// "public.outbox" take the same lock), sent in the same round trip as the
+// claim, so each claim sees
 // the leases committed by the one before it; they need no row locks. That
 // serialises claims per table; set [Config.DisableStrictOrdering] when order
 // per key does not matter. Claims then run side by side and lock their rows

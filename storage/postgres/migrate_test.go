@@ -179,8 +179,10 @@ func TestMigrateRefusesNewerDatabase(t *testing.T) {
 func dumpRows(t *testing.T, s *Storage) []string {
 	t.Helper()
 	var out []string
-	for _, table := range []string{s.table, s.leases, s.delivered} {
-		rows, err := s.pool.Query(t.Context(), fmt.Sprintf(`SELECT %s::text FROM %s r ORDER BY id`, "r", table))
+	// The outbox columns every version has (later steps add others).
+	outbox := `(id, uuid, topic, key, payload, metadata, created_at, due_at, attempts, status, last_error, delivered_at)`
+	for _, q := range []struct{ cols, table string }{{outbox, s.table}, {"r", s.leases}, {"r", s.delivered}} {
+		rows, err := s.pool.Query(t.Context(), fmt.Sprintf(`SELECT %s::text FROM %s r ORDER BY id`, q.cols, q.table))
 		must(t, err)
 		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		must(t, err)
@@ -224,7 +226,10 @@ INSERT INTO %[1]s (version, name) VALUES (1, 'create_outbox')`, s.MigrationTable
 				t.Fatalf("claimed %v", idsOf(got))
 			}
 			must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{a1, ids[4]}, WorkerID: "old"}))
-			must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: a2, WorkerID: "old", Error: "poison"}))
+			// A dead-letter as version 1 wrote it (it had no dead_at).
+			_, err = s.pool.Exec(ctx, fmt.Sprintf(`WITH l AS (DELETE FROM %s WHERE id = $1 RETURNING id, attempts)
+UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = 'poison' FROM l WHERE o.id = l.id`, s.leases, s.table), a2)
+			must(t, err)
 			must(t, s.Nack(ctx, storage.NackParams{ID: c1, WorkerID: "old", Error: "later", RetryAt: time.Now().Add(300 * time.Millisecond)}))
 			more := insert(t, s, recs("a", "a", "b", "b", "c", "")...)
 			before := dumpRows(t, s)

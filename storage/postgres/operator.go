@@ -118,7 +118,7 @@ func deref(p *string) string {
 // recordColumns are the columns scanInfo reads; %s is the payload column
 // (or an empty bytea).
 const recordColumns = `o.id, o.uuid, o.topic, o.key, %s, o.metadata, o.attempts, o.created_at, o.status, o.last_error,
-    %s, o.due_at, o.delivered_at, NULL::timestamptz, NULL::text`
+    %s, o.due_at, o.delivered_at, NULL::timestamptz, NULL::text, o.dead_at`
 
 func scanInfo(row pgx.Row) (storage.RecordInfo, error) {
 	var (
@@ -128,10 +128,10 @@ func scanInfo(row pgx.Row) (storage.RecordInfo, error) {
 		metadata                      []byte
 		lastError, leasedBy, reason   *string
 		leasedUntil, delivered, skipd *time.Time
-		dueAt                         *time.Time
+		dueAt, deadAt                 *time.Time
 	)
 	err := row.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &metadata, &r.Attempts, &r.CreatedAt, &status, &lastError,
-		&leasedBy, &leasedUntil, &dueAt, &delivered, &skipd, &reason)
+		&leasedBy, &leasedUntil, &dueAt, &delivered, &skipd, &reason, &deadAt)
 	if err != nil {
 		return info, err
 	}
@@ -149,8 +149,10 @@ func scanInfo(row pgx.Row) (storage.RecordInfo, error) {
 	if skipd != nil {
 		info.SkippedAt = *skipd
 	}
-	// A dead-letter leaves due_at as it was, so the time a record died is
-	// not known (DeadAt stays zero).
+	// Records dead-lettered before schema version 3 have no dead_at.
+	if deadAt != nil && info.Status == storage.StatusDead {
+		info.DeadAt = *deadAt
+	}
 	if info.Status == storage.StatusPending && dueAt != nil {
 		info.DueAt = *dueAt
 	}
@@ -208,11 +210,11 @@ func (s *Storage) Record(ctx context.Context, id int64) (storage.RecordInfo, err
 	q := fmt.Sprintf(`SELECT `+recordColumns+` FROM %[3]s o LEFT JOIN %[4]s l ON l.id = o.id WHERE o.id = $1
 UNION ALL
 SELECT k.id, k.uuid, k.topic, k.key, k.payload, k.metadata, k.attempts, k.created_at, 'skipped', k.last_error,
-    NULL, NULL, NULL, NULL, k.skipped_at, k.reason
+    NULL, NULL, NULL, NULL, k.skipped_at, k.reason, NULL
 FROM %[5]s k WHERE k.id = $1
 UNION ALL
 SELECT d.id, d.uuid, d.topic, d.key, NULL, NULL, d.attempts, d.created_at, 'delivered', d.last_error,
-    NULL, NULL, NULL, d.delivered_at, NULL, NULL
+    NULL, NULL, NULL, d.delivered_at, NULL, NULL, NULL
 FROM %[6]s d WHERE d.id = $1
 LIMIT 1`, "o.payload", "l.leased_by, l.leased_until", s.table, s.leases, s.skipped, s.delivered)
 	info, err := scanInfo(s.pool.QueryRow(ctx, q, id))

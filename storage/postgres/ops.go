@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,11 +31,31 @@ type queries struct {
 	extend                                string
 }
 
-func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead bool) queries {
+func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead, fence bool) queries {
 	// A row is claimable when it is pending, due and not under a live lease.
 	due := "o.due_at <= (SELECT t FROM clk)"
 	if visibility > 0 {
 		due += fmt.Sprintf(" AND o.created_at <= (SELECT t FROM clk) - interval '%d microseconds'", visibility.Microseconds())
+	}
+	// CommitFence: a row may go out only once no transaction older than its
+	// producer's is still running (xmin of the statement's snapshot, read
+	// once in clk). Ids are taken at insert and xids at a transaction's first
+	// write, so a row that passes the fence can have a higher id than a row
+	// of its key that does not (its transaction wrote something else first);
+	// with strict ordering a fenced row therefore holds back the later rows
+	// of its key that its claim walks (each walk is in id order, so those
+	// come after it): blocked is true from a key's first fenced row on.
+	xmin, fenceOpen, fenceClose := "", "", ""
+	fenceCol := func(string) string { return "" }
+	if fence {
+		xmin = ", pg_snapshot_xmin(pg_current_snapshot()) AS x"
+		fenceOpen = `
+            SELECT * FROM (SELECT w.*, bool_or(NOT w.ok) OVER (
+                PARTITION BY CASE WHEN w.key = '' THEN w.id::text ELSE w.key END ORDER BY w.id) AS blocked FROM (`
+		fenceClose = ") w) b WHERE NOT b.blocked"
+		fenceCol = func(a string) string {
+			return fmt.Sprintf(",\n            (%[1]s.created_xid IS NULL OR %[1]s.created_xid < (SELECT x FROM clk)) AS ok", a)
+		}
 	}
 	hold := ""
 	if strict {
@@ -141,19 +162,20 @@ SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_err
 		// of its own slots (the slot range is a condition on the pending
 		// index, so other slots' rows cost no heap visit). Workers then hold
 		// disjoint keys and do not walk each other's held rows. If its own
-		// slots do not fill the batch, a claim also looks at the first
-		// BatchSize pending rows of the others' slots (two bounded walks,
-		// below and above its own range, so that the slot range is checked
-		// in the index there too): the slots of a worker that died are
-		// served until it drops out, and a small backlog goes out at once
-		// whoever owns it. Which slots a worker walks never decides what is
+		// slots do not fill the batch, a claim also takes the first
+		// claimable rows of the others' slots (two walks, below and above
+		// its own range, so that the slot range is checked in the index
+		// there too, each filtered before its LIMIT, so that rows leased by
+		// their owner do not hide the claimable ones behind them): the rows
+		// of a worker that died, other than those it still holds, go out at
+		// once, and so does a small backlog whoever owns it. Which slots a worker walks never decides what is
 		// claimable: every key lives in one slot, and the held-back check is
 		// the same for all of them: the maps are built from every live lease
 		// and rescheduled row, not from the own slots' only, so that order
 		// per key never rests on every row of a key having the same slot
 		// (it would not, should hashtext change under a pg_upgrade with rows
 		// pending).
-		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
+		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[16]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
     VALUES ($2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond'))
@@ -171,31 +193,32 @@ ls AS MATERIALIZED (
     FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
 hm AS MATERIALIZED (SELECT %[4]s AS m),
 c AS MATERIALIZED (
-    SELECT * FROM (
+    SELECT id, uuid, topic, key, payload, metadata, attempts, created_at, expired FROM (%[12]s
         SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-            (SELECT m FROM ls) ? o.id::text AS expired
+            (SELECT m FROM ls) ? o.id::text AS expired%[13]s
         FROM %[1]s o
         WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own) AND %[3]s
           AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
           AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
         ORDER BY o.id
-        LIMIT $1) mine
+        LIMIT $1%[14]s) mine
     UNION ALL
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
         (SELECT m FROM ls) ? o.id::text
     FROM (
-        SELECT * FROM (
-            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
-            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN 0 AND (SELECT lo FROM own) - 1
-            ORDER BY p.id LIMIT $1) below
+        SELECT id, uuid, topic, key, payload, metadata, attempts, created_at, due_at FROM (%[12]s
+            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at%[15]s
+            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN 0 AND (SELECT lo FROM own) - 1 AND %[11]s
+              AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
+              AND (p.key = '' OR p.id < COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807))
+            ORDER BY p.id LIMIT $1%[14]s) below
         UNION ALL
-        SELECT * FROM (
-            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
-            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1
-            ORDER BY p.id LIMIT $1) above) o
-    WHERE %[3]s
-      AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
-      AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
+        SELECT id, uuid, topic, key, payload, metadata, attempts, created_at, due_at FROM (%[12]s
+            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at%[15]s
+            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1 AND %[11]s
+              AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
+              AND (p.key = '' OR p.id < COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807))
+            ORDER BY p.id LIMIT $1%[14]s) above) o
     LIMIT $1),
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
@@ -207,7 +230,8 @@ ins AS (
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
-FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head)
+FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
+			strings.ReplaceAll(due, "o.", "p."), fenceOpen, fenceCol("o"), fenceClose, fenceCol("p"), xmin)
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather
@@ -220,7 +244,11 @@ FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, worke
 		// ON CONFLICT, which takes over a lease only once it has run out,
 		// judged on the latest committed lease, so two claimers never both
 		// hold a row even when one's snapshot predates the other's commit.
-		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
+		nsDue := due
+		if fence {
+			nsDue += " AND (o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk))"
+		}
+		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[8]s),
 %[7]s
 c AS MATERIALIZED (
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
@@ -237,7 +265,7 @@ ins AS (
     WHERE l.leased_until <= excluded.leased_until - $3::bigint * interval '1 microsecond'
     RETURNING l.id, l.attempts)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
-FROM ins JOIN c ON c.id = ins.id`, t, leases, due, leaseMap, leaseUntil, slotCount-1, head)
+FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotCount-1, head, xmin)
 	}
 	return queries{
 		// "Now" is one clock reading taken once the statement runs, after
@@ -268,7 +296,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		release: fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 
-		deadLetter: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3
+		deadLetter: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 
 		// The claim must walk the pending index in id order and stop after
@@ -295,7 +323,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		// arithmetic, far above jit_above_cost, and compiling the claim with
 		// LLVM took 600 ms for a claim that runs in under one.
 		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
-		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
+		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// Write-backs read the lease table by id; with a plan cached while
 		// it was small they would scan it whole (see plan).
@@ -306,7 +334,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
 		// batch lock them in the same order and cannot deadlock; a bitmap
 		// scan would take them in heap order.
 		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
-		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
+		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// A lease that ran out is not extended, even when nobody took it
 		// over yet: the forwarder may already have been overtaken.
@@ -333,7 +361,7 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	if s.config.DisableStrictOrdering {
 		b.Queue(s.q.plan)
 	} else {
-		b.Queue(s.q.planLock, s.lockKey)
+		b.Queue(s.q.planLock, s.table)
 	}
 	b.Queue(s.q.claim, args...)
 	br := s.pool.SendBatch(ctx, b)
@@ -432,7 +460,7 @@ func (s *Storage) writeBack(ctx context.Context, sql string, args ...any) error 
 func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) error {
 	b := &pgx.Batch{}
 	if lock {
-		b.Queue(s.q.writePlanLock, s.lockKey)
+		b.Queue(s.q.writePlanLock, s.table)
 	} else {
 		b.Queue(s.q.writePlan)
 	}
@@ -440,12 +468,16 @@ func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) 
 	return s.pool.SendBatch(ctx, b).Close()
 }
 
-// Join implements [storage.Membership]: the worker counts as a claimer for
+// Join implements [storage.Membership] (a no-op without strict ordering,
+// which has no key slots to share): the worker counts as a claimer for
 // memberTTL from now, so that the others leave it its share of the key slots
 // from their next claim on. A claim joins too; the forwarder calls Join when
 // Run starts, so that forwarders started together do not all claim from
 // every slot at first.
 func (s *Storage) Join(ctx context.Context, workerID string) error {
+	if s.config.DisableStrictOrdering {
+		return nil // without strict ordering there are no key slots to share
+	}
 	if _, err := s.pool.Exec(ctx, s.q.join, workerID); err != nil {
 		return fmt.Errorf("join %s as worker %q: %w", s.workers, workerID, err)
 	}
@@ -457,6 +489,9 @@ func (s *Storage) Join(ctx context.Context, workerID string) error {
 // claim on instead of after memberTTL. The forwarder calls it when Run
 // returns.
 func (s *Storage) Leave(ctx context.Context, workerID string) error {
+	if s.config.DisableStrictOrdering {
+		return nil
+	}
 	if _, err := s.pool.Exec(ctx, s.q.leave, workerID); err != nil {
 		return fmt.Errorf("leave %s as worker %q: %w", s.workers, workerID, err)
 	}

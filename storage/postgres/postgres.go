@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"time"
 
@@ -52,6 +51,22 @@ type Config struct {
 	// nothing to delete. Dead-lettered rows are kept either way. Defaults to
 	// false.
 	DeleteOnAck bool
+
+	// CommitFence makes Claim take only records whose producer transaction
+	// can no longer be overtaken by an earlier one: records written by a
+	// transaction older than every transaction still running in the
+	// database (pg_snapshot_xmin of the current snapshot, the fence
+	// watermill-sql v3 uses). Ids are taken at insert, not at commit, so
+	// without it a record of a long producer transaction can commit after a
+	// later record of its key was delivered; [Config.VisibilityDelay]
+	// guesses a time bound, the fence needs none. With strict ordering a
+	// fenced record also holds back the later records of its key. Its cost:
+	// any long transaction in the database, producer or not (a report, a
+	// migration, a session idle in transaction), holds delivery back until
+	// it ends; [Storage.Stats] reports how many pending records the fence
+	// holds back (Fenced, also the metrics middleware's
+	// txoutbox_outbox_fenced). Needs schema version 3. Defaults to false.
+	CommitFence bool
 
 	// NotifyChannel, when set, makes [Storage.Migrate] create (when missing)
 	// a trigger that sends a notification on this channel after every insert
@@ -152,7 +167,6 @@ type Storage struct {
 	workers   string         // worker table (slot sharing), quoted for SQL
 	delivered string         // delivered table (one narrow row per acked record), quoted for SQL
 	skipped   string         // skipped table (skipped records and their audit record), quoted for SQL
-	lockKey   int64          // advisory lock serialising strict-ordering claims
 
 	q queries
 }
@@ -192,11 +206,8 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 	s.workers = siblingName(ident, "workers")
 	s.delivered = siblingName(ident, "delivered")
 	s.skipped = siblingName(ident, "skipped")
-	h := fnv.New64a()
-	h.Write([]byte("txoutbox claim " + s.table))
-	s.lockKey = int64(h.Sum64())
 	s.q = buildQueries(s.table, s.leases, s.workers, s.delivered, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck,
-		config.HoldOnDeadLetter)
+		config.HoldOnDeadLetter, config.CommitFence)
 	return s, nil
 }
 

@@ -1095,3 +1095,186 @@ func TestLeasesLockedInIDOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestLockKeyFollowsTheTableNotItsSpelling: two storages over one table,
+// one naming it with its schema and one through the search path, take the
+// same claim lock: while one holds it (a claim's transaction), the other's
+// claim waits. With a lock keyed on the spelling they took two locks, and
+// two claimers reordered a key while its head waited for a retry.
+func TestLockKeyFollowsTheTableNotItsSpelling(t *testing.T) {
+	t.Parallel()
+	qualified := newStore(t, Config{})
+	ctx := t.Context()
+	cfg, err := pgxpool.ParseConfig(testDatabaseURL())
+	must(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = qualified.ident[0]
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	must(t, err)
+	t.Cleanup(pool.Close)
+	bare, err := New(pool, Config{Table: "outbox"})
+	must(t, err)
+	insert(t, qualified, rec("k"))
+
+	// Hold the claim lock as a claim of the qualified storage does.
+	tx, err := qualified.pool.Begin(ctx)
+	must(t, err)
+	defer tx.Rollback(context.Background()) //nolint:errcheck // test
+	_, err = tx.Exec(ctx, qualified.q.planLock, qualified.table)
+	must(t, err)
+
+	wait, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	got, err := bare.Claim(wait, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "bare"})
+	if !errors.Is(err, context.DeadlineExceeded) && wait.Err() == nil {
+		t.Fatalf("the claim through the search path did not wait for the lock held through the qualified name: claimed %d, %v", len(got), err)
+	}
+}
+
+// TestDeadWorkerHoldsOnlyItsOwnKeys: a worker that died without leaving
+// (SIGKILL) still owns its key slots until it drops out of the worker
+// table, but only the keys it holds wait for its leases: the other keys of
+// its slots are claimed at once by the workers left. (The walk over the
+// others' slots applied its LIMIT before leaving out the dead worker's
+// leased rows, so a batch's worth of them hid every other key of its slots.)
+func TestDeadWorkerHoldsOnlyItsOwnKeys(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	must(t, s.Join(ctx, "a"))
+	must(t, s.Join(ctx, "b"))
+	// Keys in worker a's half of the slots (a < b, so a owns slots 0-127),
+	// two rows each, every key's first row before any second one.
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, topic, key)
+SELECT r || '-' || k, 't', k FROM generate_series(1, 2) r,
+    LATERAL (SELECT 'k' || g AS k FROM generate_series(1, 2000) g WHERE hashtext('k' || g) & 255 < 128) keys
+ORDER BY r, k`, s.table))
+	must(t, err)
+	held := claim(t, s, "a", 100, time.Hour) // then a dies, holding these
+	if len(held) != 100 {
+		t.Fatalf("a claimed %d, want 100", len(held))
+	}
+	heldKeys := map[string]bool{}
+	for _, r := range held {
+		heldKeys[r.Key] = true
+	}
+	got := claim(t, s, "b", 50, time.Minute)
+	if len(got) != 50 {
+		t.Fatalf("b claimed %d rows of the dead worker's slots, want 50: keys a does not hold must not wait for it", len(got))
+	}
+	for _, r := range got {
+		if heldKeys[r.Key] {
+			t.Fatalf("b claimed %+v, of a key a holds", r)
+		}
+	}
+}
+
+// TestCommitFence: with CommitFence, a record whose transaction commits
+// after a later record's is never delivered after it. Producer a takes id 1
+// and stays open; producer b takes id 2 of the same key and commits. Without
+// the fence a claim hands out 2, and 1 comes after it; with the fence 2
+// waits until a has committed, and then 1 and 2 go out in order.
+func TestCommitFence(t *testing.T) {
+	t.Parallel()
+	for _, strict := range []bool{true, false} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, Config{CommitFence: true, DisableStrictOrdering: !strict})
+			unfenced, err := New(s.pool, Config{Table: s.config.Table, DisableStrictOrdering: !strict})
+			must(t, err)
+			ctx := t.Context()
+			a, err := s.pool.Begin(ctx)
+			must(t, err)
+			defer a.Rollback(ctx) //nolint:errcheck // test
+			must(t, s.Insert(ctx, a, recs("k")))
+			insert(t, s, rec("k"))
+
+			if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 {
+				t.Fatalf("claimed %v while an older producer transaction is open", idsOf(got))
+			}
+			st, err := s.Stats(ctx)
+			must(t, err)
+			if st.Fenced != 1 {
+				t.Errorf("Stats.Fenced = %d, want 1", st.Fenced)
+			}
+			// The same table without the fence: the later record goes first.
+			tx, err := s.pool.Begin(ctx)
+			must(t, err)
+			rows, err := tx.Query(ctx, unfenced.q.claim, 10, "x", time.Minute.Microseconds())
+			must(t, err)
+			n := 0
+			for rows.Next() {
+				n++
+			}
+			must(t, rows.Err())
+			must(t, tx.Rollback(ctx))
+			if n != 1 {
+				t.Fatalf("without the fence the claim took %d records, want the later one", n)
+			}
+
+			must(t, a.Commit(ctx))
+			// The fence is database-wide: a transaction of another test
+			// running meanwhile may hold the records back a little longer.
+			got := claimUntil(t, s, 2)
+			if got[0].ID > got[1].ID {
+				t.Fatalf("after the older transaction committed: claimed %v, want both in id order", idsOf(got))
+			}
+		})
+	}
+}
+
+// TestCommitFenceHoldsTheKey: ids are taken at insert, xids at a
+// transaction's first write, so a record can pass the fence while an earlier
+// record of its key does not. Transaction z writes first (its xid is the
+// oldest), y starts and stays open, x inserts record 1 of key k and commits,
+// then z inserts record 2 of key k and commits: 2 (xid older than y) passes
+// the fence, 1 (younger than y) does not. With strict ordering 1 holds 2
+// back, as any earlier record of its key does.
+func TestCommitFenceHoldsTheKey(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{CommitFence: true})
+	ctx := t.Context()
+	begin := func() pgx.Tx {
+		tx, err := s.pool.Begin(ctx)
+		must(t, err)
+		t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck // test
+		_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()")    // takes its xid now
+		must(t, err)
+		return tx
+	}
+	z := begin()
+	y := begin()
+	x := begin()
+	must(t, s.Insert(ctx, x, recs("k")))
+	must(t, x.Commit(ctx))
+	must(t, s.Insert(ctx, z, recs("k")))
+	must(t, z.Commit(ctx))
+	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed %v: the later record of k went out while the earlier one was fenced", idsOf(got))
+	}
+	must(t, y.Commit(ctx))
+	got := claimUntil(t, s, 2)
+	if got[0].ID > got[1].ID {
+		t.Fatalf("after y committed: claimed %v, want both in id order", idsOf(got))
+	}
+}
+
+// claimUntil claims until n records came out (a fence held by another
+// test's transaction ends soon) and returns them in the order claimed.
+func claimUntil(t *testing.T, s *Storage, n int) []storage.Record {
+	t.Helper()
+	var got []storage.Record
+	for deadline := time.Now().Add(30 * time.Second); len(got) < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("claimed %v within 30 s, want %d records", idsOf(got), n)
+		}
+		more := claim(t, s, "w", 10, time.Minute)
+		got = append(got, more...)
+		if len(more) == 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if len(got) != n {
+		t.Fatalf("claimed %v, want %d records", idsOf(got), n)
+	}
+	return got
+}

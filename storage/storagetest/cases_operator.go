@@ -155,6 +155,9 @@ func testListDead(t *testing.T, e *env) {
 			if r.Status != storage.StatusDead || len(r.Record.Payload) != 0 {
 				t.Fatalf("ListDead returned record %d with status %s and %d payload bytes, want dead records without payload", r.Record.ID, r.Status, len(r.Record.Payload))
 			}
+			if r.DeadAt.IsZero() || r.DeadAt.Before(r.Record.CreatedAt.Add(-time.Second)) {
+				t.Fatalf("ListDead returned record %d dead at %v (created %v): want the time it was dead-lettered", r.Record.ID, r.DeadAt, r.Record.CreatedAt)
+			}
 			got = append(got, r.Record.ID)
 		}
 		return got
