@@ -248,9 +248,11 @@ func (s *Storage) drift(ctx context.Context) (storage.Finding, error) {
 		}
 		switch g, ok := got.indexes[name]; {
 		case !ok:
-			problems = append(problems, fmt.Sprintf("index %s is missing (expected on %s: %s)", name, w.table, w.def))
-		case g.table != w.table || g.def != w.def:
-			problems = append(problems, fmt.Sprintf("index %s differs: found on %s: %s; expected on %s: %s", name, g.table, g.def, w.table, w.def))
+			problems = append(problems, fmt.Sprintf("index %s is missing (expected %q on %s)", name, w.def, w.table))
+		case g.table != w.table:
+			problems = append(problems, fmt.Sprintf("index %s differs: found %q on %s, expected %q on %s", name, g.def, g.table, w.def, w.table))
+		case g.def != w.def:
+			problems = append(problems, fmt.Sprintf("index %s differs: found %q, expected %q", name, g.def, w.def))
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(got.indexes)) {

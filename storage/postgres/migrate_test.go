@@ -343,8 +343,8 @@ DROP INDEX {s}.outbox_dead_idx; CREATE INDEX outbox_dead_idx ON {s}.outbox (topi
 ALTER TABLE {s}.outbox_skipped ALTER COLUMN attempts TYPE bigint`)
 	f := drift()
 	for _, want := range []string{
-		"index outbox_dead_key_idx differs: found on outbox: btree (topic, id) WHERE status = 'dead'::text AND key <> ''::text; expected on outbox: btree (key, id) WHERE status = 'dead'::text AND key <> ''::text",
-		"index outbox_dead_idx differs: found on outbox: btree (topic, id) WHERE status = 'dead'::text OR status = 'pending'::text; expected on outbox: btree (topic, id) WHERE status = 'dead'::text",
+		`index outbox_dead_key_idx differs: found "btree (topic, id) WHERE status = 'dead'::text AND key <> ''::text", expected "btree (key, id) WHERE status = 'dead'::text AND key <> ''::text"`,
+		`index outbox_dead_idx differs: found "btree (topic, id) WHERE status = 'dead'::text OR status = 'pending'::text", expected "btree (topic, id) WHERE status = 'dead'::text"`,
 		"column attempts of outbox_skipped differs: found bigint, expected integer",
 	} {
 		if f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, want) {
