@@ -794,7 +794,7 @@ var cmdPurge = &command{
 var cmdDoctor = &command{
 	name:    "doctor",
 	summary: "check the schema version and drift, indexes, settings, and the URL (exit 3 on a problem)",
-	details: "SQLite: schema version, drift (tables and indexes as the migrations make them), WAL\njournal mode, busy timeout. PostgreSQL: schema version, drift (tables, indexes, columns),\nthe notify trigger (of --notify-channel), the privileges a forwarder needs, and whether\nLISTEN works: a round trip of a notification, which a transaction-mode pooler (PgBouncer,\nSupavisor) drops; the URL is also checked for the usual pooler hosts and ports.",
+	details: "Drift: a table, column or index the migrations make that is missing, or an index\ndefined otherwise (found and expected are shown). SQLite: schema version, drift, WAL\njournal mode, busy timeout. PostgreSQL: schema version, drift, the notify trigger (of\n--notify-channel), the privileges a forwarder needs, and whether LISTEN works: a round\ntrip of a notification, which a transaction-mode pooler (PgBouncer, Supavisor) drops;\nthe URL is also checked for the usual pooler hosts and ports. MySQL: schema version,\ndrift, privileges, server version, binary log format.",
 	example: "txoutbox doctor --json",
 	run: func(ctx context.Context, e *env) error {
 		findings := urlFindings(e.opts.url)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,13 +39,16 @@ func (b *consoleBuffer) String() string {
 	return b.b.String()
 }
 
-// consoleDB makes a migrated outbox (SQLite, or PostgreSQL in a schema of
-// its own) with one dead record (key k, holding one more record) and
-// returns its URL.
-func consoleDB(t *testing.T, kind string) string {
+// consoleDB makes a migrated outbox (SQLite, PostgreSQL in a schema of its
+// own, or a MySQL table of its own) with one dead record (key k, holding one
+// more record) and returns its URL and table.
+func consoleDB(t *testing.T, kind string) (string, string) {
 	t.Helper()
 	var f fixture
-	if kind == "postgres" {
+	switch kind {
+	case "mysql":
+		f = openMySQLFixture(t)
+	case "postgres":
 		url, _ := pgSchemaURL(t)
 		pool := pgPool(t, url)
 		s, err := postgres.New(pool, postgres.Config{HoldOnDeadLetter: true})
@@ -61,7 +65,7 @@ func consoleDB(t *testing.T, kind string) string {
 			}
 			return tx, func() error { return tx.Commit(context.Background()) }
 		}}
-	} else {
+	default:
 		path := filepath.Join(t.TempDir(), "console.db")
 		db, err := sqlite.Open(path)
 		if err != nil {
@@ -105,7 +109,7 @@ func consoleDB(t *testing.T, kind string) string {
 	if err := s.Release(ctx, storage.ReleaseParams{IDs: []int64{recs[1].ID}, WorkerID: "w", RetryAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	return f.url
+	return f.url, cmp.Or(f.table, "outbox")
 }
 
 // startConsole runs `txoutbox console` in-process and returns its base URL
@@ -172,19 +176,19 @@ func consoleGet(t *testing.T, c *http.Client, u string) (int, string) {
 }
 
 func TestConsoleCommand(t *testing.T) {
-	for _, kind := range []string{"sqlite", "postgres"} {
+	for _, kind := range []string{"sqlite", "postgres", "mysql"} {
 		t.Run(kind, func(t *testing.T) { testConsoleCommand(t, kind) })
 	}
 }
 
 func testConsoleCommand(t *testing.T, kind string) {
-	dbURL := consoleDB(t, kind)
-	base, stderr, stop := startConsole(t, dbURL, "--actions", "--hold-on-dead-letter", "--prefix", "/outbox")
+	dbURL, table := consoleDB(t, kind)
+	base, stderr, stop := startConsole(t, dbURL, "--actions", "--hold-on-dead-letter", "--prefix", "/outbox", "--table", table)
 	if !strings.HasSuffix(base, "/outbox") {
 		t.Fatalf("served at %s, want the /outbox prefix", base)
 	}
 	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	if code, body := consoleGet(t, c, base+"/"); code != 200 || !strings.Contains(body, "txoutbox: outbox") || !strings.Contains(body, "actions on") {
+	if code, body := consoleGet(t, c, base+"/"); code != 200 || !strings.Contains(body, "txoutbox: "+table) || !strings.Contains(body, "actions on") {
 		t.Fatalf("GET / = %d\n%s", code, body)
 	}
 	code, body := consoleGet(t, c, base+"/held")
@@ -230,7 +234,7 @@ func testConsoleCommand(t *testing.T, kind string) {
 	if !strings.Contains(stderr.String(), "txoutbox console: re-drive") || !strings.Contains(stderr.String(), "key=k") {
 		t.Fatalf("no audit line on stderr:\n%s", stderr)
 	}
-	r := run(context.Background(), []string{"dead", "list", "--json"}, io.Discard, io.Discard, func(k string) string {
+	r := run(context.Background(), []string{"dead", "list", "--json", "--table", table}, io.Discard, io.Discard, func(k string) string {
 		if k == envDatabaseURL {
 			return dbURL
 		}
@@ -256,7 +260,8 @@ func TestConsoleCommandRefusesOtherHostsWithoutPassword(t *testing.T) {
 
 func TestConsoleCommandBasicAuth(t *testing.T) {
 	t.Setenv(envConsolePassword, "s3cret-pass")
-	base, _, _ := startConsole(t, consoleDB(t, "sqlite"))
+	dbURL, _ := consoleDB(t, "sqlite")
+	base, _, _ := startConsole(t, dbURL)
 	c := &http.Client{}
 	res, err := c.Get(base + "/")
 	if err != nil {

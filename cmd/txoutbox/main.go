@@ -13,12 +13,11 @@
 // output or error. Every command takes --json for scripts and --help for its
 // flags and an example.
 //
-// This build operates SQLite databases (sqlite:///path/to.db, sqlite:path,
-// file:path) and MySQL or MariaDB databases
-// (mysql://user:password@host:3306/dbname, or the driver's DSN behind
-// mysql:// as golang-migrate spells it: mysql://user:password@tcp(host:3306)/dbname);
-// PostgreSQL URLs are recognised and refused with a clear error until its
-// storage implements storage.Operator.
+// It operates PostgreSQL (postgres://user:password@host:5432/db?sslmode=...),
+// SQLite (sqlite:///path/to.db, sqlite:path, file:path) and MySQL or MariaDB
+// databases (mysql://user:password@host:3306/dbname, or the driver's DSN
+// behind mysql:// as golang-migrate spells it:
+// mysql://user:password@tcp(host:3306)/dbname).
 //
 // # Exit codes
 //

@@ -5,10 +5,12 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,10 +20,12 @@ import (
 	"testing"
 	"time"
 
+	mysqldrv "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txoutbox/txoutbox/internal/pgbouncertest"
 	"github.com/txoutbox/txoutbox/storage"
+	mysqlstore "github.com/txoutbox/txoutbox/storage/mysql"
 	"github.com/txoutbox/txoutbox/storage/postgres"
 	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
@@ -70,7 +74,48 @@ func txoutbox(t *testing.T, dbURL string, args ...string) result {
 	} else if err != nil {
 		t.Fatalf("run txoutbox %v: %v", args, err)
 	}
+	for _, a := range append([]string{dbURL}, args...) {
+		if p := urlPassword(a); len(p) >= 3 && strings.Contains(r.stdout+r.stderr, p) {
+			t.Errorf("txoutbox %v: the URL's password is in the output:\n%s%s", args, r.stdout, r.stderr)
+		}
+	}
 	return r
+}
+
+// urlPassword is the password of a database URL (either mysql:// form), or "".
+func urlPassword(raw string) string {
+	if scheme, _, _ := strings.Cut(raw, ":"); strings.EqualFold(scheme, "mysql") {
+		if cfg, err := mysqlConfig(raw); err == nil {
+			return cfg.Passwd
+		}
+	}
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		p, _ := u.User.Password()
+		return p
+	}
+	return ""
+}
+
+// ignoredPassword goes into the URLs of the fixtures whose server does not
+// check it (a SQLite file, PostgreSQL with trust authentication), so that
+// every process test also checks that no output shows it.
+const ignoredPassword = "pw-Ign0red-by-server"
+
+// withPassword adds ignoredPassword to a URL that has none.
+func withPassword(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		if err == nil && u.Host != "" {
+			u.User = url.UserPassword("", ignoredPassword)
+			return u.String()
+		}
+		return raw
+	}
+	if _, ok := u.User.Password(); ok {
+		return raw
+	}
+	u.User = url.UserPassword(u.User.Username(), ignoredPassword)
+	return u.String()
 }
 
 func (r result) want(t *testing.T, code int, contains ...string) {
@@ -99,20 +144,37 @@ type opStorage interface {
 	storage.Inserter
 }
 
-// fixture is a migrated outbox (SQLite file or PostgreSQL schema) with
-// records in every state:
+// fixture is a migrated outbox (SQLite file, PostgreSQL schema or MySQL
+// table of its own) with records in every state:
 //
 //	a1 dead (poison), a2 a3 pending behind it; b1 dead; c1 leased, c2 behind
 //	it; d1 delivered (an hour ago, by the storage's clock); k keyless pending.
 type fixture struct {
-	kind string // sqlite or postgres
-	url  string
-	s    opStorage
+	kind  string // sqlite, postgres or mysql
+	url   string
+	table string // the outbox table; "" for the command's default, outbox
+	s     opStorage
 	// exec runs a statement of the fixture's SQL dialect.
 	exec func(t *testing.T, query string, args ...any)
 	// begin starts a transaction for Insert.
 	begin func(t *testing.T) (tx any, commit func() error)
 	ids   map[string]int64
+}
+
+// run runs the command on the fixture's database and table.
+func (f fixture) run(t *testing.T, args ...string) result {
+	t.Helper()
+	if f.table != "" {
+		args = append(slices.Clone(args), "--table", f.table)
+	}
+	return txoutbox(t, f.url, args...)
+}
+
+// sql runs a statement of the fixture's dialect on its database; {table}
+// stands for the outbox table.
+func (f fixture) sql(t *testing.T, query string, args ...any) {
+	t.Helper()
+	f.exec(t, strings.ReplaceAll(query, "{table}", cmp.Or(f.table, "outbox")), args...)
 }
 
 // backends lists the fixtures every process test runs on.
@@ -122,6 +184,7 @@ var backends = []struct {
 }{
 	{"sqlite", openSQLiteFixture},
 	{"postgres", openPostgresFixture},
+	{"mysql", openMySQLFixture},
 }
 
 // forEachBackend runs test as a parallel subtest per backend, on a fresh
@@ -139,7 +202,7 @@ func forEachBackend(t *testing.T, test func(t *testing.T, f fixture)) {
 func openSQLiteFixture(t *testing.T) fixture {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "app.db")
-	url := "sqlite://" + path
+	url := "sqlite://user:" + ignoredPassword + "@localhost" + filepath.ToSlash(path) // the password goes unused
 	txoutbox(t, url, "migrate", "up").want(t, 0, "migrated from version 0 to")
 	db, err := sqlite.Open(path)
 	if err != nil {
@@ -220,6 +283,7 @@ func pgSchemaURL(t *testing.T) (string, string) {
 func openPostgresFixture(t *testing.T) fixture {
 	t.Helper()
 	url, _ := pgSchemaURL(t)
+	url = withPassword(url) // trust authentication ignores it; when the URL has one, that one
 	txoutbox(t, url, "migrate", "up").want(t, 0, "migrated from version 0 to")
 	pool := pgPool(t, url)
 	s, err := postgres.New(pool, postgres.Config{HoldOnDeadLetter: true})
@@ -239,6 +303,84 @@ func openPostgresFixture(t *testing.T) fixture {
 				t.Fatal(err)
 			}
 			return tx, func() error { return tx.Commit(context.Background()) }
+		}}
+}
+
+// mysqlTestDSN is the MySQL test database: TEST_MYSQL_DSN or the local
+// MariaDB, as the driver spells it.
+func mysqlTestDSN() string {
+	return cmp.Or(os.Getenv("TEST_MYSQL_DSN"), "root@tcp(127.0.0.1:3306)/test")
+}
+
+// mysqlDB connects to the MySQL test database, skipping the test when it
+// does not answer (failing with CI=true).
+func mysqlDB(t *testing.T) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", mysqlTestDSN())
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = db.PingContext(ctx)
+		cancel()
+		if err != nil {
+			_ = db.Close()
+		}
+	}
+	if err != nil {
+		msg := fmt.Sprintf("MySQL not reachable at TEST_MYSQL_DSN (default root@tcp(127.0.0.1:3306)/test): %v; "+
+			"start MariaDB with: start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd", err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// mysqlURL is the command's mysql:// URL for the test database.
+func mysqlURL(t *testing.T) string {
+	t.Helper()
+	cfg, err := mysqldrv.ParseDSN(mysqlTestDSN())
+	if err != nil {
+		t.Fatalf("TEST_MYSQL_DSN: %v", err)
+	}
+	u := &url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName, User: url.User(cfg.User)}
+	if cfg.Passwd != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Passwd)
+	}
+	return u.String()
+}
+
+// openMySQLFixture makes an outbox table of the test's own in the shared
+// test database (its tables are dropped at the end).
+func openMySQLFixture(t *testing.T) fixture {
+	t.Helper()
+	db := mysqlDB(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	table := "txo_cmd_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations")
+	})
+	url := mysqlURL(t)
+	txoutbox(t, url, "migrate", "up", "--table", table).want(t, 0, "migrated from version 0 to")
+	s, err := mysqlstore.New(db, mysqlstore.Config{Table: table, HoldOnDeadLetter: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fixture{kind: "mysql", url: url, table: table, s: s,
+		exec: func(t *testing.T, q string, args ...any) {
+			t.Helper()
+			if _, err := db.Exec(q, args...); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		},
+		begin: func(t *testing.T) (any, func() error) {
+			tx, err := db.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tx, tx.Commit
 		}}
 }
 
@@ -281,10 +423,13 @@ func fill(t *testing.T, f fixture) fixture {
 	if err := s.Ack(ctx, storage.AckParams{IDs: []int64{ids["d1"]}, WorkerID: "fwd-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if f.kind == "postgres" {
-		f.exec(t, `UPDATE outbox_delivered SET delivered_at = delivered_at - interval '1 hour' WHERE id = $1`, ids["d1"])
-	} else {
-		f.exec(t, `UPDATE outbox SET delivered_at = delivered_at - ? WHERE id = ?`, int64(time.Hour), ids["d1"])
+	switch f.kind {
+	case "postgres":
+		f.sql(t, `UPDATE {table}_delivered SET delivered_at = delivered_at - interval '1 hour' WHERE id = $1`, ids["d1"])
+	case "mysql":
+		f.sql(t, `UPDATE {table} SET delivered_at = delivered_at - INTERVAL 1 HOUR WHERE id = ?`, ids["d1"])
+	default:
+		f.sql(t, `UPDATE {table} SET delivered_at = delivered_at - ? WHERE id = ?`, int64(time.Hour), ids["d1"])
 	}
 	f.ids = ids
 	return f
@@ -292,8 +437,8 @@ func fill(t *testing.T, f fixture) fixture {
 
 func TestMigrate(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f fixture) {
-		txoutbox(t, f.url, "migrate", "up").want(t, 0, "already at version")
-		r := txoutbox(t, f.url, "migrate", "status", "--json")
+		f.run(t, "migrate", "up").want(t, 0, "already at version")
+		r := f.run(t, "migrate", "status", "--json")
 		r.want(t, 0)
 		var st struct {
 			Current int `json:"current_version"`
@@ -303,50 +448,56 @@ func TestMigrate(t *testing.T) {
 			} `json:"applied"`
 		}
 		r.json(t, &st)
-		latest, lastName := sqlite.LatestVersion(), "hold_and_skip"
-		if f.kind == "postgres" {
-			latest, lastName = postgres.LatestVersion(), "operator"
-		}
+		migs := f.s.(storage.Migrator).Migrations()
+		latest, lastName := migs[len(migs)-1].Version, migs[len(migs)-1].Name
 		if st.Current != latest || st.Latest != st.Current || len(st.Applied) != st.Current {
 			t.Fatalf("migrate status: %+v", st)
 		}
-		txoutbox(t, f.url, "migrate", "status").want(t, 0, "VERSION", lastName)
-		txoutbox(t, "", "--database-url", f.url, "--json", "migrate", "status").want(t, 0, `"current_version"`) // shared flags first
+		f.run(t, "migrate", "status").want(t, 0, "VERSION", lastName)
+		txoutbox(t, "", "--database-url", f.url, "--table", cmp.Or(f.table, "outbox"), "--json", "migrate", "status").want(t, 0, `"current_version"`) // shared flags first
 
 		// Behind: exit 3, and the operating commands refuse to run.
-		f.exec(t, fmt.Sprintf(`DELETE FROM outbox_migrations WHERE version = %d`, latest))
-		txoutbox(t, f.url, "migrate", "status").want(t, exitAttention, "not applied")
-		txoutbox(t, f.url, "status").want(t, exitError, "run `txoutbox migrate up`")
-		txoutbox(t, f.url, "migrate", "up").want(t, 0, fmt.Sprintf("to %d", latest))
-		if f.kind == "postgres" {
-			r = txoutbox(t, "postgres:", "migrate", "sql", "--table", "app.events", "--notify-channel", "wake")
-			r.want(t, 0, `CREATE TABLE IF NOT EXISTS "app"."events"`, `"app"."events_leases"`, "-- txoutbox migration 2", "pg_notify('wake'")
-			txoutbox(t, "postgres:", "migrate", "sql", "--down").want(t, 0, `DROP INDEX IF EXISTS "outbox_failed_key_idx"`)
-			return
-		}
+		f.sql(t, fmt.Sprintf(`DELETE FROM {table}_migrations WHERE version = %d`, latest))
+		f.run(t, "migrate", "status").want(t, exitAttention, "not applied")
+		f.run(t, "status").want(t, exitError, "run `txoutbox migrate up`")
+		f.run(t, "migrate", "up").want(t, 0, fmt.Sprintf("to %d", latest))
 
-		r = txoutbox(t, "sqlite:", "migrate", "sql", "--table", "events")
-		r.want(t, 0, `CREATE TABLE IF NOT EXISTS "events"`, "-- txoutbox migration 2")
-		txoutbox(t, "sqlite:", "migrate", "sql", "--down").want(t, 0, `DROP INDEX IF EXISTS "outbox_failed_key"`)
+		// migrate sql needs the scheme only and connects nowhere.
+		scheme := f.kind + ":"
+		switch f.kind {
+		case "postgres":
+			r = txoutbox(t, scheme, "migrate", "sql", "--table", "app.events", "--notify-channel", "wake")
+			r.want(t, 0, `CREATE TABLE IF NOT EXISTS "app"."events"`, `"app"."events_leases"`, "-- txoutbox migration 2", "pg_notify('wake'")
+			txoutbox(t, scheme, "migrate", "sql", "--down").want(t, 0, `DROP INDEX IF EXISTS "outbox_failed_key_idx"`)
+		case "mysql":
+			r = txoutbox(t, scheme, "migrate", "sql", "--table", "events")
+			r.want(t, 0, "CREATE TABLE IF NOT EXISTS `events`", "CREATE TABLE IF NOT EXISTS `events_skipped`", "-- txoutbox migration 2")
+			txoutbox(t, "mysql://app:"+ignoredPassword+"@nowhere.invalid/app", "migrate", "sql", "--table", "app.events").want(t, 0, "CREATE TABLE IF NOT EXISTS `app`.`events`")
+			txoutbox(t, scheme, "migrate", "sql", "--down").want(t, 0, "-- no down step")
+		default:
+			r = txoutbox(t, scheme, "migrate", "sql", "--table", "events")
+			r.want(t, 0, `CREATE TABLE IF NOT EXISTS "events"`, "-- txoutbox migration 2")
+			txoutbox(t, scheme, "migrate", "sql", "--down").want(t, 0, `DROP INDEX IF EXISTS "outbox_failed_key"`)
+		}
 		for _, format := range []string{"golang-migrate", "goose"} {
 			dir := t.TempDir()
-			txoutbox(t, "sqlite:", "migrate", "sql", "--dir", dir, "--format", format).want(t, 0, "001_txoutbox_create_outbox")
+			txoutbox(t, scheme, "migrate", "sql", "--dir", dir, "--format", format).want(t, 0, "001_txoutbox_create_outbox")
 			entries, _ := os.ReadDir(dir)
-			want := 2 * sqlite.LatestVersion()
+			want := 2 * latest
 			if format == "goose" {
-				want = sqlite.LatestVersion()
+				want = latest
 			}
 			if len(entries) != want {
 				t.Fatalf("%s: %d files, want %d", format, len(entries), want)
 			}
 		}
-		txoutbox(t, "sqlite:", "migrate", "sql", "--dir", t.TempDir(), "--format", "flyway").want(t, exitUsage, "--format")
+		txoutbox(t, scheme, "migrate", "sql", "--dir", t.TempDir(), "--format", "flyway").want(t, exitUsage, "--format")
 	})
 }
 
 func TestStatus(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f fixture) {
-		r := txoutbox(t, f.url, "status", "--hold-on-dead-letter", "--json")
+		r := f.run(t, "status", "--hold-on-dead-letter", "--json")
 		r.want(t, exitAttention)
 		var st struct {
 			Pending, Leased, Dead, Delivered, Forwarders int64
@@ -368,18 +519,18 @@ func TestStatus(t *testing.T) {
 		if got != want {
 			t.Fatalf("held keys %s, want %s", got, want)
 		}
-		txoutbox(t, f.url, "status").want(t, exitAttention, "forwarders seen", "leased by fwd-1 until", "2 dead record(s), 0 key(s) held by a failing or dead record")
+		f.run(t, "status").want(t, exitAttention, "forwarders seen", "leased by fwd-1 until", "2 dead record(s), 0 key(s) held by a failing or dead record")
 		// Only a key held by a record in flight: nothing needs an operator.
 		if n, err := f.s.Redrive(context.Background(), storage.RedriveParams{All: true}); err != nil || n != 2 {
 			t.Fatal(n, err)
 		}
-		txoutbox(t, f.url, "status", "--hold-on-dead-letter").want(t, 0, "leased by fwd-1")
+		f.run(t, "status", "--hold-on-dead-letter").want(t, 0, "leased by fwd-1")
 	})
 }
 
 func TestDeadListAndShow(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f fixture) {
-		r := txoutbox(t, f.url, "dead", "list", "--json")
+		r := f.run(t, "dead", "list", "--json")
 		r.want(t, 0)
 		var list []struct {
 			ID        int64  `json:"id"`
@@ -404,7 +555,7 @@ func TestDeadListAndShow(t *testing.T) {
 			var page []struct {
 				ID int64 `json:"id"`
 			}
-			txoutbox(t, f.url, append([]string{"dead", "list", "--json"}, c.args...)...).json(t, &page)
+			f.run(t, append([]string{"dead", "list", "--json"}, c.args...)...).json(t, &page)
 			var got []int64
 			for _, p := range page {
 				got = append(got, p.ID)
@@ -413,9 +564,9 @@ func TestDeadListAndShow(t *testing.T) {
 				t.Errorf("dead list %v = %v, want %v", c.args, got, c.want)
 			}
 		}
-		txoutbox(t, f.url, "dead", "list").want(t, 0, "ID", "ERROR", "broker said no: a1")
+		f.run(t, "dead", "list").want(t, 0, "ID", "ERROR", "broker said no: a1")
 
-		r = txoutbox(t, f.url, "dead", "show", fmt.Sprint(f.ids["a1"]), "--json")
+		r = f.run(t, "dead", "show", fmt.Sprint(f.ids["a1"]), "--json")
 		r.want(t, 0)
 		var rec struct {
 			Status, Payload, LastError string
@@ -427,19 +578,19 @@ func TestDeadListAndShow(t *testing.T) {
 		if rec.Status != "dead" || rec.Payload != `{"name":"a1"}` || rec.PayloadEncoding != "text" || rec.Attempts != 1 || rec.Metadata["trace"] != "t-a1" {
 			t.Fatalf("dead show: %+v", rec)
 		}
-		txoutbox(t, f.url, "dead", "show", fmt.Sprint(f.ids["a1"])).want(t, 0, "payload (text)", `{"name":"a1"}`, "metadata trace", "broker said no: a1")
-		txoutbox(t, f.url, "dead", "show", "999").want(t, exitNotFound, "not found")
-		txoutbox(t, f.url, "dead", "show").want(t, exitUsage, "record ID")
-		txoutbox(t, f.url, "dead", "show", "abc").want(t, exitUsage, "positive integer")
+		f.run(t, "dead", "show", fmt.Sprint(f.ids["a1"])).want(t, 0, "payload (text)", `{"name":"a1"}`, "metadata trace", "broker said no: a1")
+		f.run(t, "dead", "show", "999").want(t, exitNotFound, "not found")
+		f.run(t, "dead", "show").want(t, exitUsage, "record ID")
+		f.run(t, "dead", "show", "abc").want(t, exitUsage, "positive integer")
 	})
 }
 
 func TestRedrive(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f fixture) {
-		txoutbox(t, f.url, "redrive").want(t, exitUsage, "exactly one of")
-		txoutbox(t, f.url, "redrive", "--key", "a", "--all").want(t, exitUsage, "exactly one of")
+		f.run(t, "redrive").want(t, exitUsage, "exactly one of")
+		f.run(t, "redrive", "--key", "a", "--all").want(t, exitUsage, "exactly one of")
 
-		r := txoutbox(t, f.url, "redrive", "--all", "--dry-run", "--json")
+		r := f.run(t, "redrive", "--all", "--dry-run", "--json")
 		r.want(t, 0)
 		var dry struct {
 			DryRun bool    `json:"dry_run"`
@@ -450,13 +601,13 @@ func TestRedrive(t *testing.T) {
 		if !dry.DryRun || dry.Count != 2 || !slices.Equal(dry.IDs, []int64{f.ids["a1"], f.ids["b1"]}) {
 			t.Fatalf("dry run: %+v", dry)
 		}
-		txoutbox(t, f.url, "redrive", "--id", fmt.Sprintf("%d,%d", f.ids["a1"], f.ids["a2"]), "--dry-run").want(t, 0, fmt.Sprintf("would re-drive 1 dead record(s): %d", f.ids["a1"]))
+		f.run(t, "redrive", "--id", fmt.Sprintf("%d,%d", f.ids["a1"], f.ids["a2"]), "--dry-run").want(t, 0, fmt.Sprintf("would re-drive 1 dead record(s): %d", f.ids["a1"]))
 		if st, _ := f.s.Stats(context.Background()); st.Dead != 2 {
 			t.Fatalf("dry run changed something: %+v", st)
 		}
-		txoutbox(t, f.url, "redrive", "--key", "a").want(t, 0, "re-drove 1 dead record(s)")
-		txoutbox(t, f.url, "redrive", "--key", "a").want(t, 0, "re-drove 0 dead record(s)") // idempotent
-		txoutbox(t, f.url, "redrive", "--topic", "invoices").want(t, 0, "re-drove 1 dead record(s)")
+		f.run(t, "redrive", "--key", "a").want(t, 0, "re-drove 1 dead record(s)")
+		f.run(t, "redrive", "--key", "a").want(t, 0, "re-drove 0 dead record(s)") // idempotent
+		f.run(t, "redrive", "--topic", "invoices").want(t, 0, "re-drove 1 dead record(s)")
 		// Key a flows again in id order: a1 first, then a2 and a3.
 		got, err := f.s.Claim(context.Background(), storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "fwd-2"})
 		if err != nil {
@@ -477,11 +628,11 @@ func TestRedrive(t *testing.T) {
 func TestSkipAndPurge(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f fixture) {
 		a1 := fmt.Sprint(f.ids["a1"])
-		txoutbox(t, f.url, "skip", a1).want(t, exitUsage, "--reason is required")
-		txoutbox(t, f.url, "skip", fmt.Sprint(f.ids["a2"]), "--reason", "x").want(t, exitNotFound, "not dead-lettered")
-		txoutbox(t, f.url, "skip", "999", "--reason", "x").want(t, exitNotFound, "not found")
-		txoutbox(t, f.url, "skip", a1, "--reason", "customer deleted, OPS-1").want(t, 0, "skipped record "+a1)
-		r := txoutbox(t, f.url, "dead", "show", a1, "--json")
+		f.run(t, "skip", a1).want(t, exitUsage, "--reason is required")
+		f.run(t, "skip", fmt.Sprint(f.ids["a2"]), "--reason", "x").want(t, exitNotFound, "not dead-lettered")
+		f.run(t, "skip", "999", "--reason", "x").want(t, exitNotFound, "not found")
+		f.run(t, "skip", a1, "--reason", "customer deleted, OPS-1").want(t, 0, "skipped record "+a1)
+		r := f.run(t, "dead", "show", a1, "--json")
 		var rec struct {
 			Status     string `json:"status"`
 			SkipReason string `json:"skip_reason"`
@@ -497,36 +648,56 @@ func TestSkipAndPurge(t *testing.T) {
 			t.Fatalf("claim after skip: %v, %v; want a2 among them", got, err)
 		}
 
-		txoutbox(t, f.url, "purge").want(t, exitUsage, "--older-than is required")
-		txoutbox(t, f.url, "purge", "--older-than", "2h").want(t, 0, "purged 0 delivered record(s)")
-		txoutbox(t, f.url, "purge", "--older-than", "30m", "--json").want(t, 0, `"purged": 1`)
+		f.run(t, "purge").want(t, exitUsage, "--older-than is required")
+		f.run(t, "purge", "--older-than", "2h").want(t, 0, "purged 0 delivered record(s)")
+		f.run(t, "purge", "--older-than", "30m", "--json").want(t, 0, `"purged": 1`)
 	})
 }
 
 func TestDoctor(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f fixture) {
-		index := "outbox_dead_key"
-		if f.kind == "postgres" {
-			index = "outbox_dead_key_idx"
-			txoutbox(t, f.url, "doctor").want(t, 0, "schema version", "schema drift", "privileges", "connection pooler")
+		// Per database: an index re-created on other columns and what doctor
+		// says of it, then an index dropped and what doctor says of that.
+		var alter, altered, drop, dropped string
+		switch f.kind {
+		case "postgres":
+			f.run(t, "doctor").want(t, 0, "schema version", "schema drift", "privileges", "connection pooler", "LISTEN works")
 			// The forwarders' NotifyChannel: its trigger is missing until
 			// migrate up is told the channel.
-			txoutbox(t, f.url, "doctor", "--notify-channel", "wake").want(t, exitAttention, "migrate up --notify-channel wake")
-			txoutbox(t, f.url, "migrate", "up", "--notify-channel", "wake").want(t, 0)
-			txoutbox(t, f.url, "doctor", "--notify-channel", "wake").want(t, 0, "notifies channel wake")
-		} else {
-			txoutbox(t, f.url, "doctor").want(t, 0, "schema version", "schema drift", "journal mode", "wal")
+			f.run(t, "doctor", "--notify-channel", "wake").want(t, exitAttention, "migrate up --notify-channel wake")
+			f.run(t, "migrate", "up", "--notify-channel", "wake").want(t, 0)
+			f.run(t, "doctor", "--notify-channel", "wake").want(t, 0, "notifies channel wake")
+			alter = `DROP INDEX outbox_dead_idx; CREATE INDEX outbox_dead_idx ON outbox (key, id) WHERE status = 'dead'`
+			altered = `index outbox_dead_idx differs: found "btree (key, id) WHERE status = 'dead'::text", expected "btree (topic, id) WHERE status = 'dead'::text"`
+			drop, dropped = `DROP INDEX outbox_dead_key_idx`, "index outbox_dead_key_idx is missing"
+		case "mysql":
+			f.run(t, "doctor").want(t, 0, "schema version", "schema drift", "privileges", "server version", "binary log")
+			alter = "ALTER TABLE {table} DROP INDEX key_idx, ADD INDEX key_idx (`key`, id)"
+			altered = "index key_idx of `" + f.table + "` differs: found (key, id), expected (key, status, id)"
+			drop, dropped = `ALTER TABLE {table} DROP INDEX done_idx`, "index done_idx of `"+f.table+"` is missing"
+		default:
+			f.run(t, "doctor").want(t, 0, "schema version", "schema drift", "journal mode", "wal")
+			alter = `DROP INDEX outbox_dead_topic; CREATE INDEX outbox_dead_topic ON outbox (key, id) WHERE status = 'dead'`
+			altered = `outbox_dead_topic differs: found "CREATE INDEX outbox_dead_topic ON outbox (key, id) WHERE status = 'dead'", expected "CREATE INDEX \"outbox_dead_topic\" ON \"outbox\" (topic, id) WHERE status = 'dead'"`
+			drop, dropped = `DROP INDEX outbox_dead_key`, "outbox_dead_key is missing"
 		}
-		f.exec(t, `DROP INDEX `+index)
-		r := txoutbox(t, f.url, "doctor", "--json")
-		r.want(t, exitAttention, index+" is missing")
+		f.sql(t, alter)
+		f.run(t, "doctor").want(t, exitAttention, "schema drift", altered, "doctor found 1 problem(s)")
+		f.sql(t, drop)
+		r := f.run(t, "doctor", "--json")
+		r.want(t, exitAttention, dropped)
 		var findings []struct{ Check, Severity, Message string }
 		r.json(t, &findings)
 		if len(findings) < 4 {
 			t.Fatalf("findings: %+v", findings)
 		}
-		f.exec(t, `UPDATE outbox_migrations SET version = 99 WHERE version = 1`)
-		txoutbox(t, f.url, "doctor").want(t, exitAttention, "newer than this build")
+		for _, g := range findings {
+			if g.Check == "schema drift" && (g.Severity != "problem" || !strings.Contains(g.Message, altered)) {
+				t.Fatalf("schema drift with an altered and a dropped index: %+v", g)
+			}
+		}
+		f.sql(t, `UPDATE {table}_migrations SET version = 99 WHERE version = 1`)
+		f.run(t, "doctor").want(t, exitAttention, "newer than this build")
 	})
 }
 
@@ -549,7 +720,10 @@ func TestHelpAndUsage(t *testing.T) {
 
 // TestNoPasswordInAnyOutput runs every command, on its error paths and with
 // --json, against URLs holding a password (from the environment and from
-// the flag), and checks that the password appears nowhere.
+// the flag), and checks that the password appears nowhere. The process
+// tests of every backend (forEachBackend) check it on the success paths:
+// their URLs hold a password the server ignores (SQLite, PostgreSQL with
+// trust authentication), or the test database's own.
 func TestNoPasswordInAnyOutput(t *testing.T) {
 	t.Parallel()
 	const secret = "s3cr3t-Pa55"
@@ -559,6 +733,11 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 		"mysql://user:" + secret + "@tcp(db:3306)/app",
 		"postgres://db/app?user=u&password=" + secret,
 		"sqlite://user:" + secret + "@host/x.db",
+	}
+	// A real server refusing the password: the MySQL test database.
+	if cfg, err := mysqldrv.ParseDSN(mysqlTestDSN()); err == nil {
+		urls = append(urls, "mysql://"+cfg.User+":"+secret+"@"+cfg.Addr+"/"+cfg.DBName,
+			"mysql://"+cfg.User+":"+secret+"@tcp("+cfg.Addr+")/"+cfg.DBName)
 	}
 	var runs [][]string
 	for _, c := range commands {

@@ -156,7 +156,8 @@ func (s *Storage) drift(ctx context.Context) (problems, warnings []string, err e
 		case !ok:
 			problems = append(problems, fmt.Sprintf("index %s of %s is missing", idx, s.table))
 		case g != expectedIndexes[idx]:
-			problems = append(problems, fmt.Sprintf("index %s of %s is on (%s), want (%s)", idx, s.table, g, expectedIndexes[idx]))
+			problems = append(problems, fmt.Sprintf("index %s of %s differs: found (%s), expected (%s)", idx, s.table,
+				strings.ReplaceAll(g, ",", ", "), strings.ReplaceAll(expectedIndexes[idx], ",", ", ")))
 		}
 	}
 	for _, idx := range sortedKeys(got) {

@@ -44,7 +44,7 @@ func TestDiagnose(t *testing.T) {
 	}
 	must(t, exec(t, s, "ALTER TABLE "+s.table+" DROP INDEX done_idx, DROP INDEX key_idx, ADD INDEX key_idx (`key`, id)"))
 	f := findings(t, s)["schema drift"]
-	if f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, "index done_idx of") || !strings.Contains(f.Message, "key_idx") {
+	if f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, "index done_idx of") || !strings.Contains(f.Message, "index key_idx of "+s.table+" differs: found (key, id), expected (key, status, id)") {
 		t.Errorf("schema drift without done_idx and with key_idx changed: %+v, want a problem naming both", f)
 	}
 	must(t, exec(t, s, "DROP TABLE "+s.SkippedTable()))

@@ -6,8 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txoutbox/txoutbox/internal/migfiles"
 	"github.com/txoutbox/txoutbox/storage"
@@ -18,15 +23,15 @@ import (
 // connection (a transaction-mode pooler).
 const ListenProbeTimeout = 3 * time.Second
 
-// outboxColumns are the outbox table's columns as the migrations make them.
-var outboxColumns = []string{"id", "uuid", "topic", "key", "payload", "metadata", "created_at", "due_at", "attempts",
-	"status", "last_error", "delivered_at", "slot", "dead_at"}
-
 // Diagnose implements [storage.Diagnoser]. Its checks:
 //
 //   - schema version: the version table against [LatestVersion];
-//   - schema drift: every table and index the migrations create, and the
-//     outbox table's columns, exist;
+//   - schema drift: the tables, their columns (name and type) and their
+//     indexes (columns, order, predicate) against what the migrations make,
+//     built in temporary tables in a transaction that is rolled back, so
+//     the expectation follows the migration files: a missing table, column
+//     or index, or an index defined otherwise, is a problem; an index the
+//     migrations do not make, on one of their tables, is a warning;
 //   - notify trigger: with [Config.NotifyChannel], the trigger exists and
 //     notifies that channel; without it, whether a trigger is there at all;
 //   - privileges, of the role the storage connects as: what a forwarder
@@ -53,37 +58,11 @@ func (s *Storage) Diagnose(ctx context.Context) ([]storage.Finding, error) {
 	}
 	out = append(out, migfiles.VersionFinding(ms, s.MigrationTable()))
 
-	// Drift: one catalog read for every object and column.
-	var names []string
-	var conds []string
-	for _, st := range loadSteps() {
-		for _, rel := range s.creates(st) {
-			names = append(names, strings.Trim(rel, "'"))
-			conds = append(conds, fmt.Sprintf("to_regclass(%s) IS NOT NULL", rel))
-		}
+	drift, err := s.drift(ctx)
+	if err != nil {
+		return nil, err
 	}
-	for _, col := range outboxColumns {
-		names = append(names, s.table+" column "+col)
-		conds = append(conds, fmt.Sprintf(`EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s AND NOT attisdropped)`,
-			lit(s.table), lit(col)))
-	}
-	present := make([]bool, len(conds))
-	if err := s.pool.QueryRow(ctx, "SELECT ARRAY["+strings.Join(conds, ",\n")+"]").Scan(&present); err != nil {
-		return nil, fmt.Errorf("diagnose %s: read the catalog: %w", s.table, err)
-	}
-	var missing []string
-	tableMissing := !present[0] // step 1 creates the outbox table first
-	for i, ok := range present {
-		if !ok && !(tableMissing && strings.Contains(names[i], " column ")) {
-			missing = append(missing, strings.ReplaceAll(names[i], `"`, "")+" is missing")
-		}
-	}
-	if len(missing) > 0 {
-		add("schema drift", storage.SeverityProblem, "%s (`txoutbox migrate sql` prints the expected schema; `txoutbox migrate up` creates what is missing from a step not yet applied)",
-			strings.Join(missing, "; "))
-	} else {
-		add("schema drift", storage.SeverityOK, "%d tables, indexes and columns as the migrations made them", len(names))
-	}
+	out = append(out, drift)
 
 	var hasTrigger bool
 	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2 AND NOT tgisinternal)`,
@@ -201,4 +180,172 @@ func (s *Storage) listenWorks(ctx context.Context) (bool, error) {
 	default:
 		return false, err
 	}
+}
+
+// pgCatalog is what the drift check compares: each table's columns in order
+// and each index's definition, by name.
+type pgCatalog struct {
+	tables  []string
+	columns map[string][]pgColumn // by table
+	indexes map[string]pgIndex    // by index name
+}
+
+type pgColumn struct{ name, typ string }
+
+type pgIndex struct {
+	table string
+	def   string // as a DBA reads it: "btree (key, id) WHERE status = 'dead'::text"
+}
+
+// drift compares the catalog of the outbox tables with the one the
+// migrations make, which it builds in temporary tables (in a transaction
+// it rolls back): the expectation is derived from the migration files
+// themselves, whatever a step adds or drops.
+func (s *Storage) drift(ctx context.Context) (storage.Finding, error) {
+	finding := func(sev storage.Severity, format string, args ...any) storage.Finding {
+		return storage.Finding{Check: "schema drift", Severity: sev, Message: fmt.Sprintf(format, args...)}
+	}
+	want, err := s.expectedCatalog(ctx)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return finding(storage.SeverityWarning, "not checked: the expected schema could not be built in temporary tables (the role needs TEMPORARY on the database): %v", err), nil
+	}
+	if err != nil {
+		return storage.Finding{}, fmt.Errorf("diagnose %s: build the expected schema: %w", s.table, err)
+	}
+	nsp := "(SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+	if len(s.ident) == 2 {
+		nsp = fmt.Sprintf("(SELECT oid FROM pg_namespace WHERE nspname = %s)", lit(s.ident[0]))
+	} else {
+		nsp = fmt.Sprintf("COALESCE((SELECT relnamespace FROM pg_class WHERE oid = to_regclass(%s)), %s)", lit(s.table), nsp)
+	}
+	got, err := readCatalog(ctx, s.pool, nsp, want.tables)
+	if err != nil {
+		return storage.Finding{}, fmt.Errorf("diagnose %s: read the catalog: %w", s.table, err)
+	}
+
+	var problems, warnings []string
+	for _, table := range want.tables {
+		cols, ok := got.columns[table]
+		if !ok {
+			problems = append(problems, "table "+table+" is missing")
+			continue
+		}
+		for _, w := range want.columns[table] {
+			i := slices.IndexFunc(cols, func(c pgColumn) bool { return c.name == w.name })
+			switch {
+			case i < 0:
+				problems = append(problems, fmt.Sprintf("column %s of %s is missing", w.name, table))
+			case cols[i].typ != w.typ:
+				problems = append(problems, fmt.Sprintf("column %s of %s differs: found %s, expected %s", w.name, table, cols[i].typ, w.typ))
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(want.indexes)) {
+		w := want.indexes[name]
+		if _, ok := got.columns[w.table]; !ok {
+			continue // the table is missing, said above
+		}
+		switch g, ok := got.indexes[name]; {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("index %s is missing (expected %q on %s)", name, w.def, w.table))
+		case g.table != w.table:
+			problems = append(problems, fmt.Sprintf("index %s differs: found %q on %s, expected %q on %s", name, g.def, g.table, w.def, w.table))
+		case g.def != w.def:
+			problems = append(problems, fmt.Sprintf("index %s differs: found %q, expected %q", name, g.def, w.def))
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(got.indexes)) {
+		if _, ok := want.indexes[name]; !ok {
+			warnings = append(warnings, fmt.Sprintf("index %s on %s (%s) is not txoutbox's: every write updates it", name, got.indexes[name].table, got.indexes[name].def))
+		}
+	}
+	switch {
+	case len(problems) > 0:
+		return finding(storage.SeverityProblem, "%s (`txoutbox migrate sql` prints the expected schema; `txoutbox migrate up` creates what is missing from a step not yet applied)",
+			strings.Join(problems, "; ")), nil
+	case len(warnings) > 0:
+		return finding(storage.SeverityWarning, "%s", strings.Join(warnings, "; ")), nil
+	}
+	return finding(storage.SeverityOK, "%d tables and %d indexes as the migrations make them", len(want.tables), len(want.indexes)), nil
+}
+
+// expectedCatalog runs every up step on temporary tables named like the
+// outbox tables (pg_temp.outbox, ...), reads their catalog and rolls back.
+func (s *Storage) expectedCatalog(ctx context.Context) (pgCatalog, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return pgCatalog{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // always rolled back: nothing is kept
+	ident := pgx.Identifier{"pg_temp", s.ident[len(s.ident)-1]}
+	scratch := &Storage{ident: ident, table: ident.Sanitize()}
+	// Temporary tables the session had before are not the migrations'.
+	var before []string
+	if err := tx.QueryRow(ctx, `SELECT COALESCE(array_agg(relname::text), '{}') FROM pg_class WHERE relnamespace = pg_my_temp_schema()`).Scan(&before); err != nil {
+		return pgCatalog{}, err
+	}
+	for _, st := range loadSteps() {
+		if _, err := tx.Exec(ctx, scratch.render(st.Up), pgx.QueryExecModeSimpleProtocol); err != nil {
+			return pgCatalog{}, fmt.Errorf("step %d (%s): %w", st.Version, st.Name, err)
+		}
+	}
+	c, err := readCatalog(ctx, tx, "pg_my_temp_schema()", nil)
+	if err != nil {
+		return pgCatalog{}, err
+	}
+	c.tables = slices.DeleteFunc(c.tables, func(t string) bool { return slices.Contains(before, t) })
+	return c, nil
+}
+
+// readCatalog reads the columns and indexes of the tables named (every
+// table when names is nil) in the schema whose oid the SQL expression nsp
+// gives.
+func readCatalog(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, nsp string, names []string) (pgCatalog, error) {
+	c := pgCatalog{columns: map[string][]pgColumn{}, indexes: map[string]pgIndex{}}
+	rows, err := q.Query(ctx, `SELECT c.relname::text, a.attname::text, format_type(a.atttypid, a.atttypmod)
+FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+WHERE c.relnamespace = `+nsp+` AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
+    AND ($1::text[] IS NULL OR c.relname = ANY($1::text[]))
+ORDER BY c.relname, a.attnum`, names)
+	if err != nil {
+		return c, err
+	}
+	var table, name, def string
+	_, err = pgx.ForEachRow(rows, []any{&table, &name, &def}, func() error {
+		if _, ok := c.columns[table]; !ok {
+			c.tables = append(c.tables, table)
+		}
+		c.columns[table] = append(c.columns[table], pgColumn{name, def})
+		return nil
+	})
+	if err != nil {
+		return c, err
+	}
+	rows, err = q.Query(ctx, `SELECT t.relname::text, c.relname::text, pg_get_indexdef(i.indexrelid, 0, true)
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
+WHERE t.relnamespace = `+nsp+` AND t.relkind IN ('r', 'p') AND ($1::text[] IS NULL OR t.relname = ANY($1::text[]))`, names)
+	if err != nil {
+		return c, err
+	}
+	_, err = pgx.ForEachRow(rows, []any{&table, &name, &def}, func() error {
+		c.indexes[name] = pgIndex{table, indexDef(def)}
+		return nil
+	})
+	return c, err
+}
+
+// indexDef shortens CREATE [UNIQUE] INDEX name ON table USING btree (...)
+// WHERE ... to what differs between indexes: "[UNIQUE ]btree (...) WHERE ...".
+func indexDef(def string) string {
+	unique := strings.HasPrefix(def, "CREATE UNIQUE INDEX ")
+	if _, rest, ok := strings.Cut(def, " USING "); ok {
+		def = rest
+	}
+	if unique {
+		def = "UNIQUE " + def
+	}
+	return def
 }

@@ -310,6 +310,74 @@ func TestDiagnose(t *testing.T) {
 	}
 }
 
+// TestDiagnoseDrift alters the schema the migrations made: an index
+// re-created on other columns, one with another predicate, a column of
+// another type and an extra index. The expectation comes from the
+// migrations themselves (built in temporary tables).
+func TestDiagnoseDrift(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	drift := func() storage.Finding {
+		t.Helper()
+		fs, err := s.Diagnose(ctx)
+		must(t, err)
+		for _, f := range fs {
+			if f.Check == "schema drift" {
+				return f
+			}
+		}
+		t.Fatalf("no schema drift finding in %+v", fs)
+		return storage.Finding{}
+	}
+	if f := drift(); f.Severity != storage.SeverityOK {
+		t.Fatalf("fresh table: %+v", f)
+	}
+	schema := s.ident[0]
+	run := func(q string) {
+		t.Helper()
+		_, err := s.pool.Exec(ctx, strings.ReplaceAll(q, "{s}", schema), pgx.QueryExecModeSimpleProtocol)
+		must(t, err)
+	}
+	run(`CREATE INDEX outbox_extra_idx ON {s}.outbox (topic)`)
+	if f := drift(); f.Severity != storage.SeverityWarning || !strings.Contains(f.Message, "index outbox_extra_idx on outbox (btree (topic)) is not txoutbox's") {
+		t.Errorf("extra index: %+v, want a warning naming it", f)
+	}
+	run(`DROP INDEX {s}.outbox_dead_key_idx; CREATE INDEX outbox_dead_key_idx ON {s}.outbox (topic, id) WHERE status = 'dead' AND key <> '';
+DROP INDEX {s}.outbox_dead_idx; CREATE INDEX outbox_dead_idx ON {s}.outbox (topic, id) WHERE status = 'dead' OR status = 'pending';
+ALTER TABLE {s}.outbox_skipped ALTER COLUMN attempts TYPE bigint`)
+	f := drift()
+	for _, want := range []string{
+		`index outbox_dead_key_idx differs: found "btree (topic, id) WHERE status = 'dead'::text AND key <> ''::text", expected "btree (key, id) WHERE status = 'dead'::text AND key <> ''::text"`,
+		`index outbox_dead_idx differs: found "btree (topic, id) WHERE status = 'dead'::text OR status = 'pending'::text", expected "btree (topic, id) WHERE status = 'dead'::text"`,
+		"column attempts of outbox_skipped differs: found bigint, expected integer",
+	} {
+		if f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, want) {
+			t.Errorf("altered schema: %s %s\nwant a problem saying %s", f.Severity, f.Message, want)
+		}
+	}
+	// An unqualified table, found through search_path, is compared the same way.
+	cfg, err := pgxpool.ParseConfig(testDatabaseURL())
+	must(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	must(t, err)
+	t.Cleanup(p.Close)
+	u, err := New(p, Config{})
+	must(t, err)
+	fs, err := u.Diagnose(ctx)
+	must(t, err)
+	for _, g := range fs {
+		if g.Check == "schema drift" && (g.Message != f.Message || g.Severity != f.Severity) {
+			t.Errorf("unqualified table: %+v, want %+v", g, f)
+		}
+	}
+	run(`DROP TABLE {s}.outbox_leases; ALTER TABLE {s}.outbox DROP COLUMN last_error`)
+	if f := drift(); !strings.Contains(f.Message, "table outbox_leases is missing") || !strings.Contains(f.Message, "column last_error of outbox is missing") {
+		t.Errorf("dropped table and column: %+v", f)
+	}
+}
+
 // TestDiagnoseDetectsTransactionPooler runs PgBouncer in transaction mode
 // in front of the test database: through it the LISTEN probe gets no
 // notification and Diagnose warns; directly it works (TestDiagnose).

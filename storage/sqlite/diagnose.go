@@ -46,7 +46,7 @@ func (s *Storage) Diagnose(ctx context.Context) ([]storage.Finding, error) {
 		case !ok:
 			problems = append(problems, fmt.Sprintf("%s is missing", name))
 		case g != want[name]:
-			problems = append(problems, fmt.Sprintf("%s differs: have %q, want %q", name, g, want[name]))
+			problems = append(problems, fmt.Sprintf("%s differs: found %q, expected %q", name, g, want[name]))
 		}
 	}
 	for _, name := range sortedKeys(got) {

@@ -291,7 +291,7 @@ func TestDiagnose(t *testing.T) {
 		if _, err := s.db.Exec(`DROP INDEX outbox_pending; CREATE INDEX outbox_pending ON outbox (id); CREATE INDEX mine ON outbox (topic)`); err != nil {
 			t.Fatal(err)
 		}
-		if f := find(t, s, "schema drift"); f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, "outbox_pending differs") {
+		if f := find(t, s, "schema drift"); f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, `outbox_pending differs: found "CREATE INDEX outbox_pending ON outbox (id)", expected "CREATE INDEX`) {
 			t.Fatalf("after altering an index: %+v", f)
 		}
 	})
