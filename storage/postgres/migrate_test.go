@@ -191,7 +191,7 @@ func dumpRows(t *testing.T, s *Storage) []string {
 	return out
 }
 
-// TestMigrateUpgradeFromVersion1 brings a database at version 1 to the
+// TestMigrateUpgradeFromVersion1 brings a database at version 1 (and 2) to the
 // latest with records pending, leased, waiting for a retry, dead and
 // delivered in it: every row is as it was, and the records then come out
 // in per-key order. Version 1 comes two ways: recorded in the version table,
@@ -199,22 +199,30 @@ func dumpRows(t *testing.T, s *Storage) []string {
 // same DDL), which Migrate adopts without running step 1 again.
 func TestMigrateUpgradeFromVersion1(t *testing.T) {
 	t.Parallel()
-	for _, recorded := range []bool{true, false} {
-		t.Run(fmt.Sprintf("recorded=%v", recorded), func(t *testing.T) {
+	for _, c := range []struct {
+		from     int
+		recorded bool
+	}{{1, true}, {1, false}, {2, true}} {
+		t.Run(fmt.Sprintf("from=%d/recorded=%v", c.from, c.recorded), func(t *testing.T) {
 			t.Parallel()
 			schema := newSchema(t)
 			ctx := t.Context()
 			s, err := New(testPool(t), Config{Table: schema + ".outbox"})
 			must(t, err)
-			step1 := loadSteps()[0]
-			_, err = s.pool.Exec(ctx, s.render(step1.Up), pgx.QueryExecModeSimpleProtocol)
-			must(t, err)
-			if recorded {
-				_, err = s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now());
-INSERT INTO %[1]s (version, name) VALUES (1, 'create_outbox')`, s.MigrationTable()), pgx.QueryExecModeSimpleProtocol)
+			for _, st := range loadSteps()[:c.from] {
+				_, err = s.pool.Exec(ctx, s.render(st.Up), pgx.QueryExecModeSimpleProtocol)
 				must(t, err)
-				if v := version(t, s); v != 1 {
-					t.Fatalf("version %d, want 1", v)
+			}
+			if c.recorded {
+				_, err = s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`,
+					s.MigrationTable()), pgx.QueryExecModeSimpleProtocol)
+				must(t, err)
+				for _, st := range loadSteps()[:c.from] {
+					_, err = s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (version, name) VALUES ($1, $2)`, s.MigrationTable()), st.Version, st.Name)
+					must(t, err)
+				}
+				if v := version(t, s); v != c.from {
+					t.Fatalf("version %d, want %d", v, c.from)
 				}
 			}
 			// a1 delivered, a2 dead, a3 a4 pending; b1 leased, b2 b3
