@@ -181,10 +181,16 @@ func (r *wmMyRelay) PublishTx(ctx context.Context, msgs []*message.Message) erro
 func (r *wmMyRelay) Start(ctx context.Context, target message.Publisher) (func(), error) {
 	var fwds []*forwarder.Forwarder
 	var subs []*wmsql.Subscriber
+	// The router closes each forwarder's subscriber when it stops; closing
+	// one again meanwhile races inside watermill-sql's Subscriber.Close
+	// (seen under -race), so the subscribers are closed only once every
+	// Run has returned.
+	var wg sync.WaitGroup
 	closeAll := func() {
 		for _, f := range fwds {
 			_ = f.Close()
 		}
+		wg.Wait()
 		for _, s := range subs {
 			_ = s.Close()
 		}
@@ -203,7 +209,6 @@ func (r *wmMyRelay) Start(ctx context.Context, target message.Publisher) (func()
 		}
 		fwds = append(fwds, f)
 	}
-	var wg sync.WaitGroup
 	for _, f := range fwds {
 		wg.Go(func() { _ = f.Run(ctx) })
 	}
@@ -212,11 +217,10 @@ func (r *wmMyRelay) Start(ctx context.Context, target message.Publisher) (func()
 		case <-f.Running():
 		case <-time.After(10 * time.Second):
 			closeAll()
-			wg.Wait()
 			return nil, errors.New("watermill forwarder did not start within 10s")
 		}
 	}
-	return func() { closeAll(); wg.Wait() }, nil
+	return closeAll, nil
 }
 
 func (r *wmMyRelay) Teardown(ctx context.Context) error {
