@@ -40,7 +40,11 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
 	var out []storage.Record
+	tries := 0
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if tries++; tries > 1 { // inTx runs it again after a deadlock only
+			s.claimDeadlocks.Add(1)
+		}
 		var err error
 		out, err = s.claim(ctx, tx, p)
 		return err
@@ -64,9 +68,14 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 	if strict {
 		walk *= s.config.WalkFactor
 	}
-	// 1. The walk: not-parked pending rows that are due, by due time, locked
-	// with SKIP LOCKED. One clock reading (UTC_TIMESTAMP is fixed for a
-	// statement) serves the whole claim.
+	// 1. The walk: not-parked pending rows that are due, by due time, read
+	// on claim_idx without locks, then locked through the primary key with
+	// SKIP LOCKED. A claim takes no lock on a claim_idx entry: a locking
+	// walk on claim_idx kept its lock on the entry of a row it skipped (a
+	// row another claim held as a follower), and that claim's lease UPDATE,
+	// which moves the entry, then waited for it; two claims doing this to
+	// each other deadlocked. One clock reading (UTC_TIMESTAMP is fixed for
+	// a statement) serves the whole claim.
 	visible := ""
 	if d := s.config.VisibilityDelay; d > 0 {
 		visible = " AND created_at <= UTC_TIMESTAMP(6) - INTERVAL " + strconv.FormatInt(d.Microseconds(), 10) + " MICROSECOND"
@@ -75,12 +84,20 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 	if s.hold {
 		failed = "last_error IS NOT NULL"
 	}
-	q := "SELECT id, `key`, COALESCE(leased_until > UTC_TIMESTAMP(6), 0), " + failed + ", CAST(UTC_TIMESTAMP(6) AS CHAR) FROM " + s.table +
-		" WHERE status = 'pending' AND parked = 0 AND due_at <= UTC_TIMESTAMP(6)" + visible +
-		" ORDER BY due_at, id LIMIT " + strconv.Itoa(walk) + " FOR UPDATE SKIP LOCKED"
-	rows, err := tx.QueryContext(ctx, q)
+	due := " WHERE status = 'pending' AND parked = 0 AND due_at <= UTC_TIMESTAMP(6)" + visible
+	walked, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+due+" ORDER BY due_at, id LIMIT "+strconv.Itoa(walk))
 	if err != nil {
 		return nil, fmt.Errorf("walk: %w", err)
+	}
+	if len(walked) == 0 {
+		return nil, nil
+	}
+	// The lock re-checks the walk's conditions on the latest committed
+	// rows: a row may have been claimed or acked since the walk read it.
+	rows, err := tx.QueryContext(ctx, "SELECT id, `key`, COALESCE(leased_until > UTC_TIMESTAMP(6), 0), "+failed+", CAST(UTC_TIMESTAMP(6) AS CHAR) FROM "+s.table+
+		" FORCE INDEX (PRIMARY)"+due+" AND id IN ("+idsText(walked)+") FOR UPDATE SKIP LOCKED")
+	if err != nil {
+		return nil, fmt.Errorf("lock walked rows: %w", err)
 	}
 	var cands []candidate
 	var now string
@@ -88,12 +105,12 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 		var c candidate
 		if err := rows.Scan(&c.id, &c.key, &c.live, &c.failed, &now); err != nil {
 			_ = rows.Close()
-			return nil, fmt.Errorf("walk: %w", err)
+			return nil, fmt.Errorf("lock walked rows: %w", err)
 		}
 		cands = append(cands, c)
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return nil, fmt.Errorf("walk: %w", err)
+		return nil, fmt.Errorf("lock walked rows: %w", err)
 	}
 	if len(cands) == 0 {
 		return nil, nil
@@ -231,7 +248,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 		if s.hold {
 			statuses = "'pending', 'dead'"
 		}
-		ids, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+" WHERE id IN ("+idsText(earlier)+") AND status IN ("+statuses+") FOR UPDATE SKIP LOCKED")
+		ids, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+" FORCE INDEX (PRIMARY) WHERE id IN ("+idsText(earlier)+") AND status IN ("+statuses+") FOR UPDATE SKIP LOCKED")
 		if err != nil {
 			return nil, nil, fmt.Errorf("lock earlier rows: %w", err)
 		}
@@ -333,7 +350,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 			return nil, nil, fmt.Errorf("followers: %w", err)
 		}
 		if len(want) > 0 {
-			got, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+" WHERE id IN ("+idsText(want)+
+			got, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+" FORCE INDEX (PRIMARY) WHERE id IN ("+idsText(want)+
 				") AND status = 'pending' AND due_at <= "+now+" AND COALESCE(leased_until <= "+now+", 1) FOR UPDATE SKIP LOCKED")
 			if err != nil {
 				return nil, nil, fmt.Errorf("lock followers: %w", err)

@@ -266,7 +266,7 @@ func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, 
 // primary key, so it takes record locks only; a deadlock is retried once.
 func (s *Storage) exec(ctx context.Context, q string) (sql.Result, error) {
 	r, err := s.db.ExecContext(ctx, q)
-	if retryable(err) {
+	if s.retryable(err) {
 		r, err = s.db.ExecContext(ctx, q)
 	}
 	return r, err
