@@ -30,8 +30,9 @@ type candidate struct {
 }
 
 // Claim implements [storage.Storage]. It runs in one READ COMMITTED
-// transaction and never waits on a row lock: every locking read skips
-// locked rows. See the package documentation for the steps.
+// transaction whose locking reads skip locked rows, run again at once if
+// InnoDB rolls it back as a deadlock victim. See the package documentation
+// for the steps.
 func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 {
 		return nil, fmt.Errorf("claim outbox rows: batch size %d and lease %s must be > 0", p.BatchSize, p.Lease)
@@ -40,15 +41,20 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
 	var out []storage.Record
-	tries := 0
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if tries++; tries > 1 { // inTx runs it again after a deadlock only
-			s.claimDeadlocks.Add(1)
+	var err error
+	// A claim InnoDB rolled back as a deadlock victim runs again at once
+	// (see the package documentation, Locks and deadlocks), counted.
+	for attempt := 1; ; attempt++ {
+		err = s.tryTx(ctx, func(tx *sql.Tx) error {
+			var err error
+			out, err = s.claim(ctx, tx, p)
+			return err
+		})
+		if attempt == deadlockAttempts || !s.retryable(err) {
+			break
 		}
-		var err error
-		out, err = s.claim(ctx, tx, p)
-		return err
-	})
+		s.claimDeadlocks.Add(1)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
 	}
