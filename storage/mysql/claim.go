@@ -30,8 +30,9 @@ type candidate struct {
 }
 
 // Claim implements [storage.Storage]. It runs in one READ COMMITTED
-// transaction and never waits on a row lock: every locking read skips
-// locked rows. See the package documentation for the steps.
+// transaction whose locking reads skip locked rows, run again at once if
+// InnoDB rolls it back as a deadlock victim. See the package documentation
+// for the steps.
 func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 {
 		return nil, fmt.Errorf("claim outbox rows: batch size %d and lease %s must be > 0", p.BatchSize, p.Lease)
@@ -40,11 +41,20 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
 	var out []storage.Record
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var err error
-		out, err = s.claim(ctx, tx, p)
-		return err
-	})
+	var err error
+	// A claim InnoDB rolled back as a deadlock victim runs again at once
+	// (see the package documentation, Locks and deadlocks), counted.
+	for attempt := 1; ; attempt++ {
+		err = s.tryTx(ctx, func(tx *sql.Tx) error {
+			var err error
+			out, err = s.claim(ctx, tx, p)
+			return err
+		})
+		if attempt == deadlockAttempts || !s.retryable(err) {
+			break
+		}
+		s.claimDeadlocks.Add(1)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
 	}
@@ -64,9 +74,14 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 	if strict {
 		walk *= s.config.WalkFactor
 	}
-	// 1. The walk: not-parked pending rows that are due, by due time, locked
-	// with SKIP LOCKED. One clock reading (UTC_TIMESTAMP is fixed for a
-	// statement) serves the whole claim.
+	// 1. The walk: not-parked pending rows that are due, by due time, read
+	// on claim_idx without locks, then locked through the primary key with
+	// SKIP LOCKED. A claim takes no lock on a claim_idx entry: a locking
+	// walk on claim_idx kept its lock on the entry of a row it skipped (a
+	// row another claim held as a follower), and that claim's lease UPDATE,
+	// which moves the entry, then waited for it; two claims doing this to
+	// each other deadlocked. One clock reading (UTC_TIMESTAMP is fixed for
+	// a statement) serves the whole claim.
 	visible := ""
 	if d := s.config.VisibilityDelay; d > 0 {
 		visible = " AND created_at <= UTC_TIMESTAMP(6) - INTERVAL " + strconv.FormatInt(d.Microseconds(), 10) + " MICROSECOND"
@@ -75,12 +90,20 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 	if s.hold {
 		failed = "last_error IS NOT NULL"
 	}
-	q := "SELECT id, `key`, COALESCE(leased_until > UTC_TIMESTAMP(6), 0), " + failed + ", CAST(UTC_TIMESTAMP(6) AS CHAR) FROM " + s.table +
-		" WHERE status = 'pending' AND parked = 0 AND due_at <= UTC_TIMESTAMP(6)" + visible +
-		" ORDER BY due_at, id LIMIT " + strconv.Itoa(walk) + " FOR UPDATE SKIP LOCKED"
-	rows, err := tx.QueryContext(ctx, q)
+	due := " WHERE status = 'pending' AND parked = 0 AND due_at <= UTC_TIMESTAMP(6)" + visible
+	walked, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+due+" ORDER BY due_at, id LIMIT "+strconv.Itoa(walk))
 	if err != nil {
 		return nil, fmt.Errorf("walk: %w", err)
+	}
+	if len(walked) == 0 {
+		return nil, nil
+	}
+	// The lock re-checks the walk's conditions on the latest committed
+	// rows: a row may have been claimed or acked since the walk read it.
+	rows, err := tx.QueryContext(ctx, "SELECT id, `key`, COALESCE(leased_until > UTC_TIMESTAMP(6), 0), "+failed+", CAST(UTC_TIMESTAMP(6) AS CHAR) FROM "+s.table+
+		" FORCE INDEX (PRIMARY)"+due+" AND id IN ("+idsText(walked)+") FOR UPDATE SKIP LOCKED")
+	if err != nil {
+		return nil, fmt.Errorf("lock walked rows: %w", err)
 	}
 	var cands []candidate
 	var now string
@@ -88,12 +111,12 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 		var c candidate
 		if err := rows.Scan(&c.id, &c.key, &c.live, &c.failed, &now); err != nil {
 			_ = rows.Close()
-			return nil, fmt.Errorf("walk: %w", err)
+			return nil, fmt.Errorf("lock walked rows: %w", err)
 		}
 		cands = append(cands, c)
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return nil, fmt.Errorf("walk: %w", err)
+		return nil, fmt.Errorf("lock walked rows: %w", err)
 	}
 	if len(cands) == 0 {
 		return nil, nil
@@ -231,7 +254,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 		if s.hold {
 			statuses = "'pending', 'dead'"
 		}
-		ids, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+" WHERE id IN ("+idsText(earlier)+") AND status IN ("+statuses+") FOR UPDATE SKIP LOCKED")
+		ids, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+" FORCE INDEX (PRIMARY) WHERE id IN ("+idsText(earlier)+") AND status IN ("+statuses+") FOR UPDATE SKIP LOCKED")
 		if err != nil {
 			return nil, nil, fmt.Errorf("lock earlier rows: %w", err)
 		}
@@ -333,7 +356,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 			return nil, nil, fmt.Errorf("followers: %w", err)
 		}
 		if len(want) > 0 {
-			got, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+" WHERE id IN ("+idsText(want)+
+			got, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+" FORCE INDEX (PRIMARY) WHERE id IN ("+idsText(want)+
 				") AND status = 'pending' AND due_at <= "+now+" AND COALESCE(leased_until <= "+now+", 1) FOR UPDATE SKIP LOCKED")
 			if err != nil {
 				return nil, nil, fmt.Errorf("lock followers: %w", err)

@@ -155,6 +155,11 @@ type Storage struct {
 	parts  []string // [database,] table, unquoted
 	name   string   // as configured, for GET_LOCK
 	hold   bool     // Config.HoldOnDeadLetter
+
+	// deadlocks counts the deadlocks InnoDB reported to this storage (each
+	// retried), claimDeadlocks those of claims, for the tests that prove
+	// there are none.
+	deadlocks, claimDeadlocks atomic.Int64
 }
 
 var (
@@ -215,17 +220,13 @@ func mysqlErrNumber(err error) uint16 {
 
 // retryable reports a deadlock: InnoDB rolled the whole transaction back, so
 // running it again is safe.
-func retryable(err error) bool {
+func (s *Storage) retryable(err error) bool {
 	if mysqlErrNumber(err) == errDeadlock {
-		deadlocks.Add(1)
+		s.deadlocks.Add(1)
 		return true
 	}
 	return false
 }
-
-// deadlocks counts the deadlocks InnoDB reported to this package, for the
-// tests that prove there are none.
-var deadlocks atomic.Int64
 
 // deadlockAttempts is how many times a transaction InnoDB rolled back as a
 // deadlock victim is run in all.
@@ -239,7 +240,7 @@ func (s *Storage) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = s.tryTx(ctx, fn)
-		if attempt == deadlockAttempts || !retryable(err) {
+		if attempt == deadlockAttempts || !s.retryable(err) {
 			return err
 		}
 		select {

@@ -13,7 +13,7 @@ import (
 
 // lockOwned locks the rows of ids, in id order, and returns those that are
 // pending and leased by worker, with their keys. Write-backs lock in id
-// order and claims never wait, so write-backs do not deadlock each other.
+// order, so write-backs do not deadlock each other.
 func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker, extra string) (owned []int64, keys []string, reps []int64, err error) {
 	var b strings.Builder
 	b.WriteString("SELECT id, `key` FROM " + s.table + " WHERE id IN (")
@@ -51,9 +51,11 @@ func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker
 // of pending (two holders of one key's rows ack at once after a lease ran
 // out), so a row that is no longer pending once locked is looked for again.
 // Two such acks can wait for each other; InnoDB then rolls one back and
-// inTx runs it again. Claims never wait, so a promote waits for a claim only
-// as long as the claim runs. acked holds one row of each key this
-// transaction changed.
+// inTx runs it again. Claims skip locked rows, so a promote waits for a
+// claim only as long as the claim runs (MariaDB 10.11 was seen with a claim's
+// SKIP LOCKED read waiting for a promote anyway; InnoDB then rolls one back,
+// and it runs again). acked holds one row of each key this transaction
+// changed.
 func (s *Storage) promote(ctx context.Context, tx *sql.Tx, acked []int64, keys []string) error {
 	if len(keys) == 0 || s.config.DisableStrictOrdering {
 		return nil
@@ -266,7 +268,7 @@ func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, 
 // primary key, so it takes record locks only; a deadlock is retried once.
 func (s *Storage) exec(ctx context.Context, q string) (sql.Result, error) {
 	r, err := s.db.ExecContext(ctx, q)
-	if retryable(err) {
+	if s.retryable(err) {
 		r, err = s.db.ExecContext(ctx, q)
 	}
 	return r, err
