@@ -195,43 +195,12 @@ func (f *Forwarder) Run(ctx context.Context) error {
 
 	f.logger.Info("Forwarder started", nil)
 	defer f.logger.Info("Forwarder stopped", nil)
-	f.join(ctx)
-	defer f.leave(ctx)
 	defer f.waitAside()
 
 	s, cancel := f.newSession(ctx, false)
 	defer cancel()
 	s.run()
 	return nil
-}
-
-// join tells a storage that tracks its claimers that this one is coming, so
-// that the others leave it its share (storage.Membership). A failure is only
-// logged: the first claim joins anyway.
-func (f *Forwarder) join(ctx context.Context) {
-	m, ok := f.store.(storage.Membership)
-	if !ok {
-		return
-	}
-	bctx, cancel := f.bookkeepingCtx(ctx)
-	defer cancel()
-	if err := m.Join(bctx, f.config.WorkerID); err != nil {
-		f.logger.Error("Could not join the storage's workers; the first claim will", err, nil)
-	}
-}
-
-// leave tells a storage that tracks its claimers that this one is gone, so
-// the others take over its share at once (storage.Membership).
-func (f *Forwarder) leave(ctx context.Context) {
-	l, ok := f.store.(storage.Membership)
-	if !ok {
-		return
-	}
-	bctx, cancel := f.bookkeepingCtx(ctx)
-	defer cancel()
-	if err := l.Leave(bctx, f.config.WorkerID); err != nil {
-		f.logger.Error("Could not leave the storage's workers; the others take over its share after a timeout", err, nil)
-	}
 }
 
 // waitAside waits, at most ShutdownTimeout, for abandoned publishes.

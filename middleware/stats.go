@@ -41,8 +41,9 @@ type StatsCollectorConfig struct {
 //	txoutbox_outbox_skipped
 //	txoutbox_outbox_held_keys
 //	txoutbox_outbox_forwarders
+//	txoutbox_outbox_fenced
 //
-// The last three are 0 from storages that do not report them (see
+// The last four are 0 from storages that do not report them (see
 // storage.Stats).
 //
 // A read that fails or outruns Timeout leaves those gauges out of that scrape
@@ -57,7 +58,7 @@ type StatsCollector struct {
 	errors  atomic.Uint64
 
 	pending, leased, delivered, dead, oldestAge *prometheus.Desc
-	skipped, heldKeys, forwarders               *prometheus.Desc
+	skipped, heldKeys, forwarders, fenced       *prometheus.Desc
 	lastError, errorsTotal, duration            *prometheus.Desc
 }
 
@@ -93,6 +94,7 @@ func NewStatsCollector(reader storage.StatsReader, config StatsCollectorConfig) 
 		skipped:    desc("skipped", "Dead records an operator gave up on (skipped), kept for audit."),
 		heldKeys:   desc("held_keys", "Keys held back right now: their first record is leased, waiting for a retry, or dead (with hold on dead-letter), with records behind it."),
 		forwarders: desc("forwarders", "Distinct forwarders holding a live lease."),
+		fenced:     desc("fenced", "Pending records held back by the commit fence: a transaction that began before theirs is still running."),
 
 		lastError:   desc("stats_last_scrape_error", "1 if the last read of the outbox stats failed, else 0."),
 		errorsTotal: desc("stats_scrape_errors_total", "Reads of the outbox stats that failed or timed out."),
@@ -102,7 +104,7 @@ func NewStatsCollector(reader storage.StatsReader, config StatsCollectorConfig) 
 
 // Describe implements prometheus.Collector.
 func (c *StatsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pending, c.leased, c.delivered, c.dead, c.oldestAge, c.skipped, c.heldKeys, c.forwarders, c.lastError, c.errorsTotal, c.duration} {
+	for _, d := range []*prometheus.Desc{c.pending, c.leased, c.delivered, c.dead, c.oldestAge, c.skipped, c.heldKeys, c.forwarders, c.fenced, c.lastError, c.errorsTotal, c.duration} {
 		ch <- d
 	}
 }
@@ -133,6 +135,7 @@ func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.skipped, float64(st.Skipped))
 		gauge(c.heldKeys, float64(st.HeldKeys))
 		gauge(c.forwarders, float64(st.Forwarders))
+		gauge(c.fenced, float64(st.Fenced))
 	}
 	ch <- prometheus.MustNewConstMetric(c.lastError, prometheus.GaugeValue, failed)
 	ch <- prometheus.MustNewConstMetric(c.errorsTotal, prometheus.CounterValue, float64(c.errors.Load()))

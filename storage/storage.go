@@ -155,6 +155,11 @@ type Stats struct {
 	// Forwarders counts the distinct workers holding a live lease: the
 	// forwarders seen working right now. 0 from storages that do not report it.
 	Forwarders int64
+	// Fenced counts pending records held back because a transaction that
+	// began before theirs committed is still running (the PostgreSQL
+	// storage's CommitFence): when it stays above 0, a long transaction is
+	// holding delivery back. 0 from storages without such a fence.
+	Fenced int64
 }
 
 // StatsReader is implemented by storages that can report [Stats]; the metrics
@@ -220,18 +225,6 @@ func (p RedriveParams) Validate() error {
 		return fmt.Errorf("%w: set exactly one of RedriveParams.IDs, Key, Topic or All", ErrInvalidRedrive)
 	}
 	return nil
-}
-
-// Membership is implemented by storages that keep track of the workers
-// claiming from them (the PostgreSQL storage shares its key slots among
-// them). The forwarder's Run calls Join before its first claim, so that
-// forwarders starting together share the keys from their first claims on,
-// and Leave when it returns, so that the others take over its share at once
-// instead of after a timeout. Neither may touch records or leases; a claim
-// joins too.
-type Membership interface {
-	Join(ctx context.Context, workerID string) error
-	Leave(ctx context.Context, workerID string) error
 }
 
 // Maintainer is implemented by SQL storages: housekeeping for operators.

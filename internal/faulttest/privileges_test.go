@@ -57,7 +57,7 @@ func TestLeastPrivileges(t *testing.T) {
 		"GRANT INSERT ON " + table + " TO " + producer,
 		"GRANT USAGE ON SEQUENCE " + table + "_id_seq TO " + producer,
 		"GRANT SELECT, UPDATE, DELETE ON " + table + " TO " + forwarder,
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + owner.LeaseTable() + ", " + owner.WorkerTable() + " TO " + forwarder,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + owner.LeaseTable() + " TO " + forwarder,
 		"GRANT SELECT, INSERT ON " + owner.DeliveredTable() + " TO " + forwarder,
 		"GRANT SELECT ON " + owner.SkippedTable() + " TO " + forwarder, // Stats counts the skipped records
 	} {

@@ -37,7 +37,7 @@ var claimColumns = [...]struct {
 // protocol (a pool configured for PgBouncer in statement mode, say) every
 // column comes as text and the rows go through Scan.
 func rawDecodable(fields []pgconn.FieldDescription) bool {
-	if len(fields) != len(claimColumns) {
+	if len(fields) != len(claimColumns) && !(len(fields) == len(claimColumns)+1 && isBinaryBool(fields[len(claimColumns)])) {
 		return false
 	}
 	for i, c := range claimColumns {
@@ -47,6 +47,10 @@ func rawDecodable(fields []pgconn.FieldDescription) bool {
 		}
 	}
 	return true
+}
+
+func isBinaryBool(f pgconn.FieldDescription) bool {
+	return f.DataTypeOID == pgtype.BoolOID && f.Format == pgtype.BinaryFormatCode
 }
 
 // y2k is PostgreSQL's epoch for binary timestamps.
@@ -177,41 +181,58 @@ func parseFlatObject(b []byte) (map[string]string, bool) {
 	}
 }
 
-// scanClaimed reads the claim's rows and returns them in id order.
-func scanClaimed(rows pgx.Rows, table string, capacity int) ([]storage.Record, error) {
+// scanClaimed reads the claim's rows and returns them in id order. A strict
+// claim has a ninth column, whole: false for a row that must not be handed
+// out (an earlier row of its key in the batch did not get its lease); those
+// come back as broken.
+func scanClaimed(rows pgx.Rows, table string, capacity int) (recs []storage.Record, broken []int64, err error) {
 	defer rows.Close()
-	recs := make([]storage.Record, 0, min(capacity, 1024))
-	raw := rawDecodable(rows.FieldDescriptions())
+	recs = make([]storage.Record, 0, min(capacity, 1024))
+	fields := rows.FieldDescriptions()
+	raw := rawDecodable(fields)
+	withWhole := len(fields) > len(claimColumns)
 	var topic string
 	var meta []byte
 	for rows.Next() {
 		var r storage.Record
+		whole := true
 		if raw && decodeRaw(rows.RawValues(), &r, &topic) {
-			recs = append(recs, r)
+			if withWhole {
+				v := rows.RawValues()[len(claimColumns)]
+				whole = len(v) == 1 && v[0] == 1
+			}
+		} else {
+			r = storage.Record{}
+			var attempts int32
+			var created pgtype.Timestamptz
+			dest := []any{&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &meta, &attempts, &created}
+			if withWhole {
+				dest = append(dest, &whole)
+			}
+			if err := rows.Scan(dest...); err != nil {
+				return nil, nil, fmt.Errorf("claim outbox rows from %s: scan: %w", table, err)
+			}
+			r.Attempts = int(attempts)
+			if created.InfinityModifier == pgtype.Finite {
+				r.CreatedAt = created.Time
+			}
+			if meta != nil {
+				decodeMetadata(meta, &r)
+			}
+		}
+		if !whole {
+			broken = append(broken, r.ID)
 			continue
-		}
-		r = storage.Record{}
-		var attempts int32
-		var created pgtype.Timestamptz
-		if err := rows.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &meta, &attempts, &created); err != nil {
-			return nil, fmt.Errorf("claim outbox rows from %s: scan: %w", table, err)
-		}
-		r.Attempts = int(attempts)
-		if created.InfinityModifier == pgtype.Finite {
-			r.CreatedAt = created.Time
-		}
-		if meta != nil {
-			decodeMetadata(meta, &r)
 		}
 		recs = append(recs, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: %w", table, err)
+		return nil, nil, fmt.Errorf("claim outbox rows from %s: %w", table, err)
 	}
 	if !slices.IsSortedFunc(recs, byID) {
 		slices.SortFunc(recs, byID)
 	}
-	return recs, nil
+	return recs, broken, nil
 }
 
 func byID(a, b storage.Record) int {

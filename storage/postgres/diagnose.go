@@ -20,7 +20,7 @@ const ListenProbeTimeout = 3 * time.Second
 
 // outboxColumns are the outbox table's columns as the migrations make them.
 var outboxColumns = []string{"id", "uuid", "topic", "key", "payload", "metadata", "created_at", "due_at", "attempts",
-	"status", "last_error", "delivered_at", "slot"}
+	"status", "last_error", "delivered_at", "parked", "dead_at", "created_xid"}
 
 // Diagnose implements [storage.Diagnoser]. Its checks:
 //
@@ -56,11 +56,9 @@ func (s *Storage) Diagnose(ctx context.Context) ([]storage.Finding, error) {
 	// Drift: one catalog read for every object and column.
 	var names []string
 	var conds []string
-	for _, st := range loadSteps() {
-		for _, rel := range s.creates(st) {
-			names = append(names, strings.Trim(rel, "'"))
-			conds = append(conds, fmt.Sprintf("to_regclass(%s) IS NOT NULL", rel))
-		}
+	for _, rel := range s.objects() {
+		names = append(names, strings.Trim(rel, "'"))
+		conds = append(conds, fmt.Sprintf("to_regclass(%s) IS NOT NULL", rel))
 	}
 	for _, col := range outboxColumns {
 		names = append(names, s.table+" column "+col)
@@ -120,7 +118,6 @@ func (s *Storage) Diagnose(ctx context.Context) ([]storage.Finding, error) {
 	}{
 		{s.table, "SELECT, UPDATE, DELETE", true},
 		{s.leases, "SELECT, INSERT, UPDATE, DELETE", true},
-		{s.workers, "SELECT, INSERT, UPDATE, DELETE", true},
 		{s.delivered, "SELECT, INSERT", true},
 		{s.skipped, "SELECT", true},
 		{s.delivered, "DELETE", false},

@@ -17,8 +17,14 @@ const PurgeBatchSize = 1000
 // place, see [Storage.SchemaSQL]): it grows with the records not yet purged,
 // and is always 0 with [Config.DeleteOnAck]. Skipped counts the skipped
 // table, Forwarders the distinct workers with a live lease (the lease table
-// holds the rows in flight only), HeldKeys the keys [Storage.HeldKeys] lists.
+// holds the rows in flight only), HeldKeys the keys [Storage.HeldKeys] lists,
+// Fenced the pending records [Config.CommitFence] holds back.
 func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
+	// Fenced: pending rows the commit fence holds back (0 without it).
+	fenced := "false"
+	if s.config.CommitFence {
+		fenced = "created_xid >= pg_snapshot_xmin(pg_current_snapshot())"
+	}
 	q := fmt.Sprintf(`SELECT
     (SELECT count(*) FROM %[1]s WHERE status = 'pending'),
     (SELECT count(*) FROM %[2]s l JOIN %[1]s o ON o.id = l.id WHERE l.leased_until > now() AND o.status = 'pending'),
@@ -27,11 +33,12 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
     COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM %[1]s WHERE status = 'pending'), 0),
     (SELECT count(*) FROM %[4]s),
     (SELECT count(DISTINCT leased_by) FROM %[2]s WHERE leased_until > now()),
-    (%[5]s)`, s.table, s.leases, s.delivered, s.skipped, s.heldKeysSQL(true))
+    (%[5]s),
+    (SELECT count(*) FROM %[1]s WHERE status = 'pending' AND %[6]s)`, s.table, s.leases, s.delivered, s.skipped, s.heldKeysSQL(true), fenced)
 	var st storage.Stats
 	var age float64
 	if err := s.pool.QueryRow(ctx, q, "").Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age,
-		&st.Skipped, &st.Forwarders, &st.HeldKeys); err != nil {
+		&st.Skipped, &st.Forwarders, &st.HeldKeys, &st.Fenced); err != nil {
 		return storage.Stats{}, fmt.Errorf("outbox stats of %s: %w", s.table, err)
 	}
 	st.OldestPendingAge = max(time.Duration(age*float64(time.Second)), 0)
@@ -88,7 +95,7 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 // back to pending, due now, with attempts 0 and no error.
 func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, error) {
 	set := fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL,
-    due_at = now()
+    due_at = now(), parked = false, dead_at = NULL
 WHERE status = 'dead' AND `, s.table)
 	if err := p.Validate(); err != nil {
 		return 0, fmt.Errorf("redrive outbox rows: %w", err)

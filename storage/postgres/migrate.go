@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -66,6 +67,11 @@ func (s *Storage) render(text string) string {
 
 var createsRE = regexp.MustCompile(`CREATE (?:TABLE|INDEX) IF NOT EXISTS \{(table|rel:[a-z_]+|name:[a-z_]+)\}`)
 
+// altersRE finds a statement that changes what exists (a column added, an
+// index dropped): a step with one is always run, its objects' presence
+// proves nothing.
+var altersRE = regexp.MustCompile(`(?m)^(ALTER|DROP) `)
+
 // creates lists, as SQL string literals for to_regclass, the tables and
 // indexes a step creates.
 func (s *Storage) creates(st migfiles.Step) []string {
@@ -80,6 +86,23 @@ func (s *Storage) creates(st migfiles.Step) []string {
 		default:
 			out = append(out, lit(siblingName(s.ident, p[5:])))
 		}
+	}
+	return out
+}
+
+var dropsRE = regexp.MustCompile(`DROP (?:TABLE|INDEX) IF EXISTS \{(rel:[a-z_]+)\}`)
+
+// objects lists, as SQL string literals for to_regclass, the tables and
+// indexes the latest schema has: those the steps create and no later step
+// drops.
+func (s *Storage) objects() []string {
+	var out []string
+	for _, st := range loadSteps() {
+		for _, m := range dropsRE.FindAllStringSubmatch(st.Up, -1) {
+			gone := lit(siblingName(s.ident, m[1][4:]))
+			out = slices.DeleteFunc(out, func(o string) bool { return o == gone })
+		}
+		out = append(out, s.creates(st)...)
 	}
 	return out
 }
@@ -171,17 +194,18 @@ func (s *Storage) CreateSchema(ctx context.Context) error { return s.Migrate(ctx
 //     keyed on the table's resolved schema-qualified name; the one holding it
 //     re-reads the version and applies the missing steps in one
 //     transaction, the others then find them applied;
-//   - a step whose tables and indexes all exist already (a database made by
-//     the CreateSchema of an earlier release, or from SchemaSQL) is recorded
-//     without being run, so adopting such a database takes no table lock;
+//   - a step that only creates tables and indexes, all of which exist
+//     already (a database made by the CreateSchema of an earlier release,
+//     or from SchemaSQL), is recorded without being run, so adopting such a
+//     database takes no table lock;
 //   - every lock is waited for at most [SchemaLockTimeout], then Migrate
 //     fails with an error saying so (a long transaction holds the table).
 //
-// The steps add tables, columns and indexes only; records, their ids and
-// their order are untouched. Creating a new index on a large table blocks
-// inserts while it builds: create it first by hand with CREATE INDEX
+// The steps add and drop tables, columns and indexes; records, their ids
+// and their order are untouched. Creating a new index on a large table
+// blocks inserts while it builds: create it first by hand with CREATE INDEX
 // CONCURRENTLY under the name [Storage.Migrations] shows, and Migrate then
-// finds it and only records the step.
+// finds it (IF NOT EXISTS) and does not build it again.
 func (s *Storage) Migrate(ctx context.Context) error {
 	steps := loadSteps()
 	upToDate := fmt.Sprintf(`SELECT (SELECT max(version) FROM %s) IS NOT DISTINCT FROM %d AND %s`,
@@ -237,7 +261,7 @@ func (s *Storage) Migrate(ctx context.Context) error {
 	for _, st := range steps[current:] {
 		objs := s.creates(st)
 		present := false
-		if len(objs) > 0 {
+		if len(objs) > 0 && !altersRE.MatchString(st.Up) {
 			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT %s`, notNull(objs))).Scan(&present); err != nil {
 				return fail(fmt.Sprintf("step %d (%s): read the catalog", st.Version, st.Name), err)
 			}

@@ -179,8 +179,11 @@ func TestMigrateRefusesNewerDatabase(t *testing.T) {
 func dumpRows(t *testing.T, s *Storage) []string {
 	t.Helper()
 	var out []string
-	for _, table := range []string{s.table, s.leases, s.delivered} {
-		rows, err := s.pool.Query(t.Context(), fmt.Sprintf(`SELECT %s::text FROM %s r ORDER BY id`, "r", table))
+	// The outbox columns every version has (later steps add and drop
+	// others).
+	outbox := `(id, uuid, topic, key, payload, metadata, created_at, due_at, attempts, status, last_error, delivered_at)`
+	for _, q := range []struct{ cols, table string }{{outbox, s.table}, {"r", s.leases}, {"r", s.delivered}} {
+		rows, err := s.pool.Query(t.Context(), fmt.Sprintf(`SELECT %s::text FROM %s r ORDER BY id`, q.cols, q.table))
 		must(t, err)
 		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		must(t, err)
@@ -219,13 +222,21 @@ INSERT INTO %[1]s (version, name) VALUES (1, 'create_outbox')`, s.MigrationTable
 			// behind it; c1 waiting for a retry, c2 behind it; k keyless.
 			ids := insert(t, s, recs("a", "a", "b", "c", "")...)
 			a1, a2, b1, c1 := ids[0], ids[1], ids[2], ids[3]
-			got := claim(t, s, "old", 10, time.Hour)
-			if len(got) != 5 {
-				t.Fatalf("claimed %v", idsOf(got))
-			}
-			must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{a1, ids[4]}, WorkerID: "old"}))
-			must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: a2, WorkerID: "old", Error: "poison"}))
-			must(t, s.Nack(ctx, storage.NackParams{ID: c1, WorkerID: "old", Error: "later", RetryAt: time.Now().Add(300 * time.Millisecond)}))
+			// What version 1's forwarder leaves, written as its statements
+			// wrote it: a1 and the keyless one delivered (moved to the
+			// delivered table), a2 dead, b1 leased by "old" for an hour,
+			// c1 waiting for a retry.
+			_, err = s.pool.Exec(ctx, fmt.Sprintf(`
+WITH d AS (DELETE FROM %[1]s WHERE id = ANY($1) RETURNING *)
+INSERT INTO %[2]s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
+SELECT id, uuid, topic, key, created_at, now(), 1, NULL FROM d`, s.table, s.delivered), []int64{a1, ids[4]})
+			must(t, err)
+			_, err = s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET status = 'dead', attempts = 1, last_error = 'poison' WHERE id = $1`, s.table), a2)
+			must(t, err)
+			_, err = s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, key, leased_by, leased_until, attempts) VALUES ($1, 'b', 'old', now() + interval '1 hour', 1)`, s.leases), b1)
+			must(t, err)
+			_, err = s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET attempts = 1, last_error = 'later', due_at = now() + interval '300 milliseconds' WHERE id = $1`, s.table), c1)
+			must(t, err)
 			more := insert(t, s, recs("a", "a", "b", "b", "c", "")...)
 			before := dumpRows(t, s)
 
@@ -336,11 +347,3 @@ func TestDiagnoseDetectsTransactionPooler(t *testing.T) {
 	}
 }
 
-// TestSlotColumnMatchesSlotCount: the slot column of step 1 is the hash of
-// the key modulo slotCount, as the claim assumes.
-func TestSlotColumnMatchesSlotCount(t *testing.T) {
-	want := fmt.Sprintf("(CASE WHEN key = '' THEN id %% %d ELSE hashtext(key) & %d END)", slotCount, slotCount-1)
-	if !strings.Contains(loadSteps()[0].Up, want) {
-		t.Fatalf("step 1's slot column is not %s", want)
-	}
-}

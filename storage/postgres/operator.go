@@ -11,35 +11,14 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
-// holdDeadRows is what [Config.HoldOnDeadLetter] adds to the strict claim's
-// hold map (key -> the lowest id of the key that is not claimable; see
-// buildQueries): every dead keyed row, which holds its key from its own id
-// on, and every pending keyed row that failed before (a nack left its
-// error), which holds the rows after it (id + 1: it is claimable itself, the
-// later rows of its key wait until it is delivered), so that a forwarder
-// never holds a record of a key together with the failed head it may
-// dead-letter. Both read a partial index of their own (dead_key_idx,
-// failed_key_idx), which holds only those rows.
-func holdDeadRows(t string, hold bool) string {
-	if !hold {
-		return ""
-	}
-	return fmt.Sprintf(`
-            UNION ALL
-            SELECT d.key, d.id FROM %[1]s d WHERE d.status = 'dead' AND d.key <> ''
-            UNION ALL
-            SELECT f.key, f.id + 1 FROM %[1]s f
-            WHERE f.status = 'pending' AND f.key <> '' AND f.last_error IS NOT NULL`, t)
-}
-
 // heldKeysSQL lists (or counts) the held keys. Parameters: $1 list keys
 // after this one, $2 the most keys (listing only). A key's head is its lowest
 // unclaimable id: a live lease, a row waiting for its retry, or with
 // HoldOnDeadLetter a dead row. Those rows come from the lease table (the
-// rows in flight), the rescheduled index and the dead_key index, so the
-// query reads no pending row but the heads and, per head, the key_idx entries
-// of the rows behind it. A key is held when its head is dead or has pending
-// rows behind it.
+// rows in flight), the walk index past now (rows due later; a head is never
+// parked) and the dead_key index, so the query reads no pending row but the
+// heads and, per head, the key_idx entries of the rows behind it. A key is
+// held when its head is dead or has pending rows behind it.
 func (s *Storage) heldKeysSQL(count bool) string {
 	if s.config.DisableStrictOrdering {
 		return `SELECT 0::bigint WHERE $1::text IS NOT NULL` // no key is held back
@@ -63,7 +42,7 @@ func (s *Storage) heldKeysSQL(count bool) string {
             SELECT l.key, l.id FROM %[2]s l WHERE l.leased_until > now() AND l.key <> '' AND l.key > $1
             UNION ALL
             SELECT e.key, e.id FROM %[1]s e
-            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > now() AND e.key > $1%[3]s
+            WHERE e.status = 'pending' AND NOT e.parked AND e.due_at > now() AND e.key <> '' AND e.key > $1%[3]s
         ) u GROUP BY u.key) h
     JOIN %[1]s o ON o.id = h.id
     LEFT JOIN %[2]s l ON l.id = o.id AND l.leased_until > now()) k
@@ -118,7 +97,7 @@ func deref(p *string) string {
 // recordColumns are the columns scanInfo reads; %s is the payload column
 // (or an empty bytea).
 const recordColumns = `o.id, o.uuid, o.topic, o.key, %s, o.metadata, o.attempts, o.created_at, o.status, o.last_error,
-    %s, o.due_at, o.delivered_at, NULL::timestamptz, NULL::text`
+    %s, o.due_at, o.delivered_at, NULL::timestamptz, NULL::text, o.dead_at`
 
 func scanInfo(row pgx.Row) (storage.RecordInfo, error) {
 	var (
@@ -128,10 +107,10 @@ func scanInfo(row pgx.Row) (storage.RecordInfo, error) {
 		metadata                      []byte
 		lastError, leasedBy, reason   *string
 		leasedUntil, delivered, skipd *time.Time
-		dueAt                         *time.Time
+		dueAt, deadAt                 *time.Time
 	)
 	err := row.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &metadata, &r.Attempts, &r.CreatedAt, &status, &lastError,
-		&leasedBy, &leasedUntil, &dueAt, &delivered, &skipd, &reason)
+		&leasedBy, &leasedUntil, &dueAt, &delivered, &skipd, &reason, &deadAt)
 	if err != nil {
 		return info, err
 	}
@@ -149,8 +128,9 @@ func scanInfo(row pgx.Row) (storage.RecordInfo, error) {
 	if skipd != nil {
 		info.SkippedAt = *skipd
 	}
-	// A dead-letter leaves due_at as it was, so the time a record died is
-	// not known (DeadAt stays zero).
+	if deadAt != nil && info.Status == storage.StatusDead {
+		info.DeadAt = *deadAt
+	}
 	if info.Status == storage.StatusPending && dueAt != nil {
 		info.DueAt = *dueAt
 	}
@@ -208,11 +188,11 @@ func (s *Storage) Record(ctx context.Context, id int64) (storage.RecordInfo, err
 	q := fmt.Sprintf(`SELECT `+recordColumns+` FROM %[3]s o LEFT JOIN %[4]s l ON l.id = o.id WHERE o.id = $1
 UNION ALL
 SELECT k.id, k.uuid, k.topic, k.key, k.payload, k.metadata, k.attempts, k.created_at, 'skipped', k.last_error,
-    NULL, NULL, NULL, NULL, k.skipped_at, k.reason
+    NULL, NULL, NULL, NULL, k.skipped_at, k.reason, NULL
 FROM %[5]s k WHERE k.id = $1
 UNION ALL
 SELECT d.id, d.uuid, d.topic, d.key, NULL, NULL, d.attempts, d.created_at, 'delivered', d.last_error,
-    NULL, NULL, NULL, d.delivered_at, NULL, NULL
+    NULL, NULL, NULL, d.delivered_at, NULL, NULL, NULL
 FROM %[6]s d WHERE d.id = $1
 LIMIT 1`, "o.payload", "l.leased_by, l.leased_until", s.table, s.leases, s.skipped, s.delivered)
 	info, err := scanInfo(s.pool.QueryRow(ctx, q, id))
@@ -228,21 +208,26 @@ LIMIT 1`, "o.payload", "l.leased_by, l.leased_until", s.table, s.leases, s.skipp
 // Skip implements [storage.Operator]: in one statement the dead row is
 // deleted from the outbox table and copied, with params.Reason and the
 // time, into [Storage.SkippedTable] (the audit record), so a key it held
-// moves on.
+// moves on: with strict ordering the next row of its key is unparked in the
+// same transaction.
 func (s *Storage) Skip(ctx context.Context, params storage.SkipParams) error {
 	if params.Reason == "" {
 		return fmt.Errorf("skip outbox record %d: SkipParams.Reason is required (it is the audit record)", params.ID)
 	}
-	tag, err := s.pool.Exec(ctx, fmt.Sprintf(`WITH d AS (
-    DELETE FROM %s WHERE id = $1 AND status = 'dead'
-    RETURNING id, uuid, topic, key, payload, metadata, created_at, attempts, last_error)
-INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
-SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d`, s.table, s.skipped),
-		params.ID, params.Reason)
+	q := fmt.Sprintf(`WITH d AS (
+    DELETE FROM %s WHERE id = ANY(ARRAY(SELECT id FROM %[1]s WHERE id = $1 AND status = 'dead' FOR UPDATE))
+    RETURNING id, uuid, topic, key, payload, metadata, created_at, attempts, last_error),
+i AS (
+    INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
+    SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d
+    RETURNING key)
+SELECT key FROM i`, s.table, s.skipped)
+	// The statement returns the skipped row's key.
+	skipped, err := s.removeHeads(ctx, s.StrictOrdering(), q, params.ID, params.Reason)
 	if err != nil {
 		return fmt.Errorf("skip outbox record %d of %s: %w", params.ID, s.table, err)
 	}
-	if tag.RowsAffected() == 1 {
+	if skipped == 1 {
 		return nil
 	}
 	info, err := s.Record(ctx, params.ID)

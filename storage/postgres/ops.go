@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -10,352 +11,360 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
-// slotCount is the number of key slots: the slot column of a row is the hash
-// of its key (its id when keyless) modulo slotCount. Up to slotCount
-// claimers get slots of their own.
-const slotCount = 256
-
-// memberTTL is how long a worker counts as claiming after its last claim, or
-// its lease if that is longer (a round must end within its lease): long
-// enough to cover a forwarder's idle poll (PollMax, 5s by default), short
-// enough that the slots of a worker that stopped without [Storage.Leave] go
-// to the others soon.
-const memberTTL = 10 * time.Second
+// walkBudget bounds how long one Claim goes on walking while its walks
+// claim nothing but find rows to walk: rows held back behind heads that
+// nobody parked yet (a backlog behind a head in flight, the rows behind
+// heads that failed in an outage). Every walk parks the held-back rows of
+// up to a batch of keys, each row once, so the heads behind them are
+// reached within the same call, or within the next ones when the backlog
+// is too deep for the budget.
+const walkBudget = time.Second
 
 // queries holds the statements of one storage, built once in New.
 type queries struct {
-	claim, ack, nack, release, deadLetter string
-	plan, planLock, leave, join           string
-	writePlan, writePlanLock              string
-	extend                                string
+	plan                  string
+	claim, more, unlease  string
+	ack, nack, release    string
+	deadLetter, extend    string
+	unpark                string
+	ackUnparks, deadKeeps bool
 }
 
-func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead bool) queries {
-	// A row is claimable when it is pending, due and not under a live lease.
-	due := "o.due_at <= (SELECT t FROM clk)"
-	if visibility > 0 {
-		due += fmt.Sprintf(" AND o.created_at <= (SELECT t FROM clk) - interval '%d microseconds'", visibility.Microseconds())
-	}
-	hold := ""
-	if strict {
-		// Held back: an earlier pending row of the same key that is not
-		// claimable now. The statement's snapshot is taken after the advisory
-		// lock was granted by the previous statement of the batch, so it sees
-		// every committed claim.
-		//
-		// Only a leased row (in the lease table) or a row rescheduled past its
-		// creation (due_at > created_at: due_at > now() >= created_at) can be
-		// unclaimable. The InitPlan reads both once per claim (the lease table
-		// holds only the rows in flight; the partial rescheduled index only
-		// the rows waiting for a retry) into a map key -> the lowest unclaimable id of that
-		// key, and a candidate is held back when its key maps to a lower id.
-		// Each candidate then costs one map lookup, however many rows of its
-		// key are pending.
-		//
-		// The visibility delay needs no clause here: created_at is taken at
-		// insert (clock_timestamp), so an earlier id is never younger than a
-		// row that is old enough to claim.
-		hold = fmt.Sprintf(`(SELECT jsonb_object_agg(h.key, h.first) FROM (
-        SELECT u.key, min(u.id) AS first FROM (
-            SELECT l.key, l.id FROM %[2]s l
-            WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''
-            UNION ALL
-            SELECT e.key, e.id FROM %[1]s e
-            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)%[3]s
-        ) u GROUP BY u.key) h)`, t, leases, holdDeadRows(t, holdDead))
-	}
-	// Every write-back deletes the worker's lease and updates the outbox row
-	// in one statement: the lease is the fence (a lease taken over by another
-	// worker has another leased_by, so the write-back matches nothing), and
-	// its attempts, which count claims whose lease ran out, go to the row.
-	fenced := func(ids string, returning string) string {
-		if strict {
-			// Strict claims lock no outbox row (the advisory lock keeps
-			// claimers apart), so the lease is deleted first and the outbox
-			// row updated after it: a claim that takes over an expired lease
-			// waits for the DELETE and then finds the lease gone. Both lock
-			// lease rows in id order (see writePlan), and no outbox row lock
-			// is held by a claim, so they cannot deadlock. Nack and release
-			// also take the advisory lock (writeBack); an ack and a
-			// dead-letter do not need it (a delivered or dead row holds
-			// nothing back).
-			return fmt.Sprintf(`WITH l AS (DELETE FROM %s x WHERE x.id %s AND x.leased_by = $2 RETURNING %s)
-`, leases, ids, returning)
+// A note on locks, for every statement below.
+//
+// Claims never wait for one another. The strict claim locks the heads it
+// takes FOR UPDATE SKIP LOCKED, the heads of the keys whose rows it parks
+// FOR KEY SHARE SKIP LOCKED, and the rows it parks FOR UPDATE SKIP LOCKED.
+// Only the rows that follow a head it holds are locked with a plain FOR
+// UPDATE, in id order, and no other claim locks those: a claim parks the
+// rows of a key only while it holds that key's head FOR KEY SHARE, and takes
+// followers only while it holds the head FOR UPDATE; the two exclude each
+// other. So a claim waits only for a write-back of the previous holder.
+//
+// Write-backs lock the outbox rows they touch in id order first (FOR
+// UPDATE), then their lease rows in id order; claims insert or take over
+// leases in id order and Extend locks them in id order.
+//
+// Parking and unparking meet on the head's row lock: a claim parks the rows
+// behind a head only while it holds that head FOR KEY SHARE, which every
+// write-back's FOR UPDATE waits for. A write-back that removes a head (ack,
+// dead-letter, skip) unparks the next row of its key in a second statement
+// of its transaction, whose snapshot is taken after its locks: it sees every
+// row a claim parked behind that head.
+
+func buildQueries(t, leases, delivered string, c Config) queries {
+	strict := !c.DisableStrictOrdering
+	// ready: a row that may go out now: due, old enough (VisibilityDelay),
+	// and with CommitFence written by a transaction that no transaction
+	// still running can precede.
+	ready := func(a string) string {
+		s := fmt.Sprintf("%s.due_at <= (SELECT t FROM clk)", a)
+		if c.VisibilityDelay > 0 {
+			s += fmt.Sprintf(" AND %s.created_at <= (SELECT t FROM clk) - interval '%d microseconds'", a, c.VisibilityDelay.Microseconds())
 		}
-		// Claims without strict ordering run side by side and lock their
-		// outbox rows (FOR UPDATE SKIP LOCKED) before leasing them, so a
-		// write-back locks the outbox rows first too, in id order, then
-		// deletes the lease: a write-back and a claim that takes over an
-		// expired lease of the same row then wait for each other one way
-		// only and never deadlock. The DELETE re-reads a lease updated
-		// meanwhile, so a takeover committed while the write-back waited
-		// fences it out.
-		return fmt.Sprintf(`WITH m AS (SELECT id FROM %s WHERE id %s AND status = 'pending' ORDER BY id FOR UPDATE),
-l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 RETURNING %s)
-`, t, ids, leases, returning)
+		if c.CommitFence {
+			s += fmt.Sprintf(" AND (%s.created_xid IS NULL OR %[1]s.created_xid < (SELECT x FROM clk))", a)
+		}
+		return s
 	}
-	// An ack deletes the outbox row and records the delivery in the narrow
-	// delivered table: an UPDATE to status 'delivered' wrote a new version of
-	// the whole row (payload and metadata included) and two index entries
-	// (primary key, delivered index), never a HOT update since status is in
-	// the partial indexes' predicates: 9.4 of the 15 ms of database time a
-	// claim and ack of 1000 rows took, against about 6 now (BenchmarkClaimAck).
-	// The delivered table keeps what Stats, Purge and an audit need, without
-	// the payload; the outbox table holds only pending and dead rows.
-	ack := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
-    DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
-    RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error)
-INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
-SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d`, t, delivered)
-	if deleteOnAck {
-		ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	// leased: a live lease on the row.
+	leased := func(a string) string {
+		return fmt.Sprintf("EXISTS (SELECT FROM %s l WHERE l.id = %s.id AND l.leased_until > (SELECT t FROM clk))", leases, a)
 	}
-	// leases maps every lease row's id to whether it is live at the claim's
-	// clock reading.
-	leaseMap := fmt.Sprintf(`(SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') FROM %s x WHERE x.id >= (SELECT id FROM head))`, leases)
-	// head is the lowest pending id. Every lease worth reading is above it
-	// (a leased row is pending), and below it the lease table holds only the
-	// dead versions of acked leases until VACUUM comes by, which at
-	// thousands of messages a second is tens of thousands of them: the
-	// lease table is read through its primary key from head on, never
-	// scanned whole. (The slot condition, always true, makes the pending
-	// index the one to read; see the claim without strict ordering.)
-	head := fmt.Sprintf(`head AS MATERIALIZED (SELECT COALESCE((SELECT o.id FROM %s o
-    WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT 0) AND (SELECT %d) ORDER BY o.id LIMIT 1), 0) AS id),`, t, slotCount-1)
-	leaseUntil := "(SELECT t FROM clk) + $3::bigint * interval '1 microsecond'"
-	var claim string
-	if strict {
-		// Claims are serialised by the advisory lock and see every lease
-		// committed before them, so the candidates need no row lock: a row
-		// with no lease row gets one by a plain INSERT (nothing else inserts
-		// leases meanwhile), and a row whose lease ran out is taken over by
-		// an UPDATE of that lease, which re-checks it: if its owner's
-		// write-back deleted it meanwhile, the UPDATE waits for it, finds
-		// nothing and the row is not handed out.
-		//
-		// Key slots: every row has a slot (hash of its key, or its id when
-		// keyless; a generated column). The workers that claimed in the last
-		// memberTTL, or in the last lease when that is longer (a round that
-		// is still publishing holds its keys), share the slots: sorted by worker id,
-		// each owns one contiguous range, and a claim walks the pending rows
-		// of its own slots (the slot range is a condition on the pending
-		// index, so other slots' rows cost no heap visit). Workers then hold
-		// disjoint keys and do not walk each other's held rows. If its own
-		// slots do not fill the batch, a claim also looks at the first
-		// BatchSize pending rows of the others' slots (two bounded walks,
-		// below and above its own range, so that the slot range is checked
-		// in the index there too): the slots of a worker that died are
-		// served until it drops out, and a small backlog goes out at once
-		// whoever owns it. Which slots a worker walks never decides what is
-		// claimable: every key lives in one slot, and the held-back check is
-		// the same for all of them: the maps are built from every live lease
-		// and rescheduled row, not from the own slots' only, so that order
-		// per key never rests on every row of a key having the same slot
-		// (it would not, should hashtext change under a pg_upgrade with rows
-		// pending).
-		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
-hb AS (
-    INSERT INTO %[7]s (worker_id, seen_until)
-    VALUES ($2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond'))
-    ON CONFLICT (worker_id) DO UPDATE SET seen_until = excluded.seen_until),
-gone AS (
-    DELETE FROM %[7]s WHERE seen_until < (SELECT t FROM clk) - interval '%[8]d microseconds' AND worker_id <> $2),
-%[10]s
-own AS MATERIALIZED (
-    SELECT n.r * %[9]d / n.f AS lo, (n.r + 1) * %[9]d / n.f - 1 AS hi FROM (
-        SELECT count(*) AS f, count(*) FILTER (WHERE w.id < $2) AS r FROM (
-            SELECT worker_id AS id FROM %[7]s WHERE seen_until > (SELECT t FROM clk)
-            UNION SELECT $2) w) n),
-ls AS MATERIALIZED (
-    SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m
-    FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
-hm AS MATERIALIZED (SELECT %[4]s AS m),
-c AS MATERIALIZED (
-    SELECT * FROM (
-        SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-            (SELECT m FROM ls) ? o.id::text AS expired
-        FROM %[1]s o
-        WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own) AND %[3]s
-          AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
-          AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
-        ORDER BY o.id
-        LIMIT $1) mine
-    UNION ALL
-    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-        (SELECT m FROM ls) ? o.id::text
-    FROM (
-        SELECT * FROM (
-            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
-            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN 0 AND (SELECT lo FROM own) - 1
-            ORDER BY p.id LIMIT $1) below
-        UNION ALL
-        SELECT * FROM (
-            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at
-            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1
-            ORDER BY p.id LIMIT $1) above) o
-    WHERE %[3]s
-      AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
-      AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
-    LIMIT $1),
-up AS (
-    UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
-    WHERE l.id = ANY(ARRAY(SELECT c.id FROM c WHERE c.expired)) AND l.leased_until <= (SELECT t FROM clk)
-    RETURNING l.id, l.attempts),
-ins AS (
-    INSERT INTO %[2]s (id, key, leased_by, leased_until, attempts)
-    SELECT c.id, c.key, $2, %[6]s, c.attempts + 1 FROM c WHERE NOT c.expired
-    RETURNING id, attempts),
-a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
-SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
-FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head)
-	} else {
-		// The slot condition is always true: it is there so that the planner
-		// walks the pending index (where it is an index condition) rather
-		// than the primary key, which also lists every delivered row; with
-		// statistics taken when the table held only pending rows the two
-		// looked alike and the primary key won.
-		//
-		// Claimers run side by side: each locks its candidates (FOR UPDATE
-		// SKIP LOCKED, so they skip each other's rows) and leases them with
-		// ON CONFLICT, which takes over a lease only once it has run out,
-		// judged on the latest committed lease, so two claimers never both
-		// hold a row even when one's snapshot predates the other's commit.
-		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t),
-%[7]s
-c AS MATERIALIZED (
-    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
-    WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT 0) AND (SELECT %[6]d) AND %[3]s
-      AND NOT COALESCE((%[4]s -> o.id::text)::boolean, false)
-    ORDER BY o.id
-    LIMIT $1
-    FOR UPDATE OF o SKIP LOCKED),
-ins AS (
-    INSERT INTO %[2]s AS l (id, key, leased_by, leased_until, attempts)
-    SELECT c.id, c.key, $2, %[5]s, c.attempts + 1 FROM c
+	// "Now" is one clock reading taken once the statement runs, after its
+	// snapshot: not now(), the start of the transaction. With CommitFence,
+	// x is the oldest transaction still running.
+	clk := "WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t)"
+	if c.CommitFence {
+		clk = "WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t, pg_snapshot_xmin(pg_current_snapshot()) AS x)"
+	}
+	// takeLease leases the rows of a CTE (id, key, attempts): a row without
+	// a lease row gets one; a lease that ran out is taken over, judged on
+	// the latest committed lease (ON CONFLICT sees it), in id order.
+	takeLease := func(from string) string {
+		return fmt.Sprintf(`INSERT INTO %[1]s AS l (id, key, leased_by, leased_until, attempts)
+    SELECT id, key, $2, (SELECT t FROM clk) + $3::bigint * interval '1 microsecond', attempts + 1 FROM %[2]s ORDER BY id
     ON CONFLICT (id) DO UPDATE SET leased_by = excluded.leased_by, leased_until = excluded.leased_until,
         attempts = l.attempts + 1
-    WHERE l.leased_until <= excluded.leased_until - $3::bigint * interval '1 microsecond'
-    RETURNING l.id, l.attempts)
+    WHERE l.leased_until <= (SELECT t FROM clk)
+    RETURNING l.id, l.attempts`, leases, from)
+	}
+	// first: the first row of a's key before a: the lowest pending id (with
+	// HoldOnDeadLetter, or dead id) of the key below a.id; NULL when a is
+	// the first (its key's head).
+	first := func(a string) string {
+		s := fmt.Sprintf(`(SELECT p.id FROM %[1]s p
+            WHERE p.key = %[2]s.key AND p.key <> '' AND p.status = 'pending' AND p.id < %[2]s.id
+            ORDER BY p.key, p.id LIMIT 1)`, t, a)
+		if c.HoldOnDeadLetter {
+			s = fmt.Sprintf(`LEAST(%s, (SELECT d.id FROM %s d
+            WHERE d.key = %s.key AND d.key <> '' AND d.status = 'dead' AND d.id < %[3]s.id
+            ORDER BY d.key, d.id LIMIT 1))`, s, t, a)
+		}
+		return s
+	}
+	blocking := "'pending'"
+	if c.HoldOnDeadLetter {
+		blocking = "'pending', 'dead'"
+	}
+
+	var q queries
+	if strict {
+		// The strict claim, one statement:
+		//
+		// c: the walk. The first $1 rows of the walk index (pending, not
+		// parked, due first) that are ready and not leased, each with the
+		// first row of its key before it, if any (one probe of the key
+		// index).
+		//
+		// h: the heads among them (no row before them), locked SKIP LOCKED,
+		// so that claims running side by side take different heads.
+		//
+		// k, pk: the others wait behind their key's head (or, with
+		// HoldOnDeadLetter, a dead row). If that head can be locked FOR KEY
+		// SHARE now (see the note on locks), every pending row of its key
+		// behind it is parked, out of the walk: the walk meets a key held
+		// back once, however many rows it has waiting, and the claims after
+		// it do not read them again. A head this claim takes leaves its
+		// followers unparked. (Locks taken SKIP LOCKED never wait, so their
+		// order does not matter.)
+		//
+		// f: each keyed head brings the pending rows that follow it in its
+		// key, parked or not, as long as they are ready and not leased: an
+		// even share of what the heads leave of the batch. With
+		// HoldOnDeadLetter a head that failed before goes alone, so that a
+		// forwarder never holds later rows of a key whose head it may
+		// dead-letter.
+		//
+		// b, ins, a: heads and followers are locked in id order (only the
+		// previous holder's write-back can hold a follower) and leased. A
+		// row is handed out only if every earlier row of its key in the
+		// batch got its lease too; the others come back with whole = false
+		// and Claim gives their lease back (a lease another claim took or
+		// its holder extended after this statement's snapshot).
+		alone := ""
+		if c.HoldOnDeadLetter {
+			alone = " AND h.last_error IS NULL"
+		}
+		q.claim = clk + fmt.Sprintf(`,
+c AS MATERIALIZED (
+    SELECT o.id, CASE WHEN o.key = '' THEN NULL ELSE %[4]s END AS blocker
+    FROM %[1]s o
+    WHERE o.status = 'pending' AND NOT o.parked AND %[2]s AND NOT %[3]s
+    ORDER BY o.due_at, o.id
+    LIMIT $1),
+h AS MATERIALIZED (
+    SELECT o.id, o.key, o.last_error FROM %[1]s o
+    WHERE o.id = ANY(ARRAY(SELECT id FROM c WHERE blocker IS NULL)) AND o.status = 'pending' AND NOT o.parked
+    FOR UPDATE SKIP LOCKED),
+k AS MATERIALIZED (
+    SELECT b.id, b.key FROM %[1]s b
+    WHERE b.id = ANY(ARRAY(SELECT blocker FROM c)) AND b.id <> ALL(ARRAY(SELECT id FROM h)) AND b.status IN (%[7]s)
+    FOR KEY SHARE SKIP LOCKED),
+pk AS (
+    UPDATE %[1]s o SET parked = true
+    FROM (SELECT x.id FROM k JOIN %[1]s x ON x.key = k.key AND x.key <> '' AND x.status = 'pending' AND x.id > k.id
+          WHERE NOT x.parked
+          FOR UPDATE OF x SKIP LOCKED) x
+    WHERE o.id = x.id),
+f AS MATERIALIZED (
+    SELECT r.id FROM h CROSS JOIN LATERAL (
+        SELECT q.id, bool_and(q.ok) OVER (ORDER BY q.id) AS run FROM (
+            SELECT p.id, (%[5]s AND NOT %[6]s) AS ok
+            FROM %[1]s p
+            WHERE p.key = h.key AND p.key <> '' AND p.status = 'pending' AND p.id > h.id
+            ORDER BY p.key, p.id
+            LIMIT (SELECT GREATEST($1 - count(*), 0) / GREATEST(count(*), 1) FROM h)) q) r
+    WHERE h.key <> ''%[8]s AND r.run),
+b AS MATERIALIZED (
+    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
+    WHERE o.id = ANY(ARRAY(SELECT id FROM h UNION ALL SELECT id FROM f)) AND o.status = 'pending'
+    ORDER BY o.id
+    FOR UPDATE),
+ins AS (%[9]s),
+a AS (
+    SELECT b.*, ins.attempts AS leased,
+        bool_and(ins.id IS NOT NULL) OVER (PARTITION BY b.key, CASE WHEN b.key = '' THEN b.id END ORDER BY b.id) AS whole
+    FROM b LEFT JOIN ins ON ins.id = b.id)
+SELECT a.id, a.uuid, a.topic, a.key, a.payload, a.metadata, a.leased, a.created_at, a.whole
+FROM a WHERE a.leased IS NOT NULL
+ORDER BY a.id`, t, ready("o"), leased("o"), first("o"), ready("p"), leased("p"), blocking, alone, takeLease("b"))
+
+		// more: is there a row the walk would visit? Asked after a walk
+		// that claimed nothing, to tell "parked a batch, walk on" from
+		// "nothing to do".
+		q.more = clk + fmt.Sprintf(`
+SELECT EXISTS (SELECT FROM %[1]s o WHERE o.status = 'pending' AND NOT o.parked AND %[2]s AND NOT %[3]s)`, t, ready("o"), leased("o"))
+	} else {
+		// Without strict ordering claims run side by side: each locks its
+		// candidates (SKIP LOCKED, so they skip each other's rows) and
+		// leases them. Nothing is ever parked.
+		q.claim = clk + fmt.Sprintf(`,
+c AS MATERIALIZED (
+    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
+    WHERE o.status = 'pending' AND NOT o.parked AND %[2]s AND NOT %[3]s
+    ORDER BY o.due_at, o.id
+    LIMIT $1
+    FOR UPDATE OF o SKIP LOCKED),
+ins AS (%[4]s)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
-FROM ins JOIN c ON c.id = ins.id`, t, leases, due, leaseMap, leaseUntil, slotCount-1, head)
+FROM ins JOIN c ON c.id = ins.id
+ORDER BY c.id`, t, ready("o"), leased("o"), takeLease("c"))
 	}
-	return queries{
-		// "Now" is one clock reading taken once the statement runs, after
-		// its snapshot (and, with strict ordering, after the advisory lock):
-		// not now(), the start of the transaction, which with strict ordering
-		// is when the claimer began to wait for the lock. With that stale
-		// now() a row committed meanwhile could be visible but not yet due
-		// (its due_at is its producer's transaction start) while a later row
-		// of its key, from a transaction that began earlier, was due: the
-		// later row was handed out first. Every visible row committed before
-		// this reading, so its default due time is behind it.
-		//
-		// The lease table is read once (an InitPlan: it holds only the rows
-		// in flight, plus the leases of crashed workers until they are taken
-		// over) into a jsonb object id -> whether the lease is live, and each
-		// candidate costs one lookup in it, like the strict-ordering map: the
-		// walk over the pending index then involves no join for the planner
-		// to choose. The candidates are read with the columns handed out, so
-		// the outbox rows are visited once.
-		claim: claim,
 
-		ack: ack,
+	// The claim walks the walk index in (due_at, id) order and stops after
+	// $1 rows. With statistics from when the table held few pending rows
+	// (a backlog that grew faster than autovacuum's ANALYZE: right after an
+	// outage, or a fresh table) the planner reads every due row and sorts
+	// them instead: 40 ms instead of under 10 for 1000 rows over a 30k
+	// backlog, and growing with it (TestClaimPlanWithStaleStatistics). So
+	// the claim runs with sorting off, for its own transaction only (the
+	// settings and the claim go as one batch, one round trip, which the
+	// server runs as one implicit transaction); its other sorts are of a
+	// batch at most. A plan node the settings disable costs 1e10 in the
+	// planner's arithmetic, far above jit_above_cost, and compiling the
+	// claim with LLVM takes hundreds of milliseconds: JIT is off too.
+	q.plan = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
 
-		nack: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = l.attempts, last_error = $3, due_at = $4
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
+	// A claim's rows that could not go out whole: the lease is given back
+	// as it was (run out, attempt not counted).
+	q.unlease = fmt.Sprintf(`UPDATE %s SET leased_until = clock_timestamp() - interval '1 microsecond', attempts = attempts - 1
+WHERE id = ANY($1) AND leased_by = $2`, leases)
 
-		// Release gives the claim's attempt back.
-		release: fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
-
-		deadLetter: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
-
-		// The claim must walk the pending index in id order and stop after
-		// the batch. With statistics from when the table held few pending
-		// rows (a backlog that grew faster than autovacuum's ANALYZE: right
-		// after an outage, or a fresh table) the planner preferred reading
-		// every pending row and sorting them (on disk, payloads included):
-		// 70 ms instead of 19 for 1000 rows over a 30k backlog, and growing
-		// with it. Sorting is turned off for the claim's transaction only
-		// (is_local: the settings and the claim are sent as one batch, one
-		// round trip, which PostgreSQL runs as one implicit transaction).
-		//
-		// The same stale estimates (one candidate row) made the generic plan
-		// of the prepared statement join the 1000 leases to the 1000
-		// candidates with a nested loop: a million comparisons, 200-430 ms
-		// per claim (auto_explain, "Rows Removed by Join Filter: 999000").
-		// Nested loops are turned off too: the claim has no other join.
-		//
-		// Sequential scans are off too: a cached plan made while the lease
-		// table was small would go on scanning it whole once it has grown
-		// dead rows between two VACUUMs.
-		//
-		// And JIT: a disabled plan node costs 1e10 in the planner's
-		// arithmetic, far above jit_above_cost, and compiling the claim with
-		// LLVM took 600 ms for a claim that runs in under one.
-		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
-		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
-
-		// Write-backs read the lease table by id; with a plan cached while
-		// it was small they would scan it whole (see plan).
-		//
-		// Bitmap scans are off in both: a plain index scan of the lease
-		// table's primary key with id = ANY(...) takes the rows in id order,
-		// so an ack and a claim taking over expired leases of the same
-		// batch lock them in the same order and cannot deadlock; a bitmap
-		// scan would take them in heap order.
-		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
-		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock($1)",
-
-		// A lease that ran out is not extended, even when nobody took it
-		// over yet: the forwarder may already have been overtaken.
-		extend: fmt.Sprintf(`UPDATE %s SET leased_until = clock_timestamp() + $3::bigint * interval '1 microsecond'
-WHERE id = ANY($1) AND leased_by = $2 AND leased_until > clock_timestamp()
-RETURNING id`, leases),
-
-		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),
-		join: fmt.Sprintf(`INSERT INTO %s (worker_id, seen_until) VALUES ($1, clock_timestamp() + interval '%d microseconds')
-ON CONFLICT (worker_id) DO UPDATE SET seen_until = GREATEST(%[1]s.seen_until, excluded.seen_until)`, workers, memberTTL.Microseconds()),
+	// fenced locks the outbox rows of a write-back in id order, then the
+	// worker's leases of them in id order, and deletes those leases: the
+	// lease is the fence (a lease taken over by another worker has another
+	// leased_by, so the write-back matches nothing), and its attempts, which
+	// count claims whose lease ran out, go to the row.
+	fenced := func(ids string) string {
+		return fmt.Sprintf(`WITH m AS (SELECT id FROM %[1]s WHERE id %[3]s AND status = 'pending' ORDER BY id FOR UPDATE),
+l AS (
+    DELETE FROM %[2]s x WHERE x.id = ANY(ARRAY(
+        SELECT y.id FROM %[2]s y WHERE y.id IN (SELECT id FROM m) AND y.leased_by = $2 ORDER BY y.id FOR UPDATE))
+    RETURNING x.id, x.attempts)`, t, leases, ids)
 	}
+	// keys: what a write-back that removes heads returns, so that the next
+	// statement unparks the rows after them.
+	keys := "\nSELECT DISTINCT key FROM d WHERE key <> ''"
+
+	// An ack deletes the outbox row and records the delivery in the narrow
+	// delivered table: an UPDATE to status 'delivered' wrote a new version of
+	// the whole row (payload and metadata included) and its index entries.
+	q.ack = fenced("= ANY($1)") + fmt.Sprintf(`,
+d AS (
+    DELETE FROM %[1]s o USING l WHERE o.id = l.id
+    RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error),
+r AS (
+    INSERT INTO %[2]s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
+    SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d)%[3]s`, t, delivered, keys)
+	if c.DeleteOnAck {
+		q.ack = fenced("= ANY($1)") + fmt.Sprintf(`,
+d AS (DELETE FROM %[1]s o USING l WHERE o.id = l.id RETURNING o.key)%[2]s`, t, keys)
+	}
+	q.ackUnparks = strict
+
+	// A nack reschedules the row. It stays its key's head: the rows behind
+	// it stay where they are (parked, or parked by the next claim that
+	// walks them).
+	q.nack = fenced("= $1") + fmt.Sprintf(`
+UPDATE %s o SET attempts = l.attempts, last_error = $3, due_at = $4
+FROM l WHERE o.id = l.id`, t)
+
+	// Release gives the claim's attempt back.
+	q.release = fenced("= ANY($1)") + fmt.Sprintf(`
+UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3
+FROM l WHERE o.id = l.id`, t)
+
+	// A dead-lettered row holds nothing back (unless HoldOnDeadLetter): the
+	// next row of its key is unparked.
+	q.deadLetter = fenced("= $1") + fmt.Sprintf(`,
+d AS (
+    UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
+    FROM l WHERE o.id = l.id
+    RETURNING o.id, o.key)%s`, t, keys)
+	q.deadKeeps = c.HoldOnDeadLetter
+
+	// unpark: the first pending row of each key in $1, when it is parked and
+	// (with HoldOnDeadLetter) no dead row of its key is before it.
+	deadFirst := ""
+	if c.HoldOnDeadLetter {
+		deadFirst = fmt.Sprintf(`
+  AND NOT EXISTS (SELECT FROM %s d WHERE d.key = o.key AND d.key <> '' AND d.status = 'dead' AND d.id < o.id)`, t)
+	}
+	q.unpark = fmt.Sprintf(`UPDATE %[1]s o SET parked = false
+WHERE o.id = ANY(ARRAY(
+    SELECT n.id FROM unnest($1::text[]) k(key) CROSS JOIN LATERAL (
+        SELECT p.id FROM %[1]s p WHERE p.key = k.key AND p.key <> '' AND p.status = 'pending'
+        ORDER BY p.key, p.id LIMIT 1) n))
+  AND o.parked%[2]s`, t, deadFirst)
+
+	// A lease that ran out is not extended, even when nobody took it over
+	// yet: the forwarder may already have been overtaken.
+	q.extend = fmt.Sprintf(`UPDATE %[1]s x SET leased_until = clock_timestamp() + $3::bigint * interval '1 microsecond'
+WHERE x.id = ANY(ARRAY(
+    SELECT y.id FROM %[1]s y WHERE y.id = ANY($1) AND y.leased_by = $2 AND y.leased_until > clock_timestamp()
+    ORDER BY y.id FOR UPDATE))
+RETURNING x.id`, leases)
+	return q
 }
 
-// Claim implements [storage.Storage]. It sends the planner settings (with
-// strict ordering also the advisory lock) and the claim as one batch: one
-// round trip, one implicit transaction, and the claim's snapshot is taken
-// after the lock is held.
+// Claim implements [storage.Storage]: one statement (see buildQueries). With
+// strict ordering, a walk that claimed nothing while rows remain to walk is
+// run again, for up to walkBudget.
 func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 || p.WorkerID == "" {
 		return nil, fmt.Errorf("claim outbox rows: need BatchSize > 0, Lease > 0 and a WorkerID (got %d, %s, %q)", p.BatchSize, p.Lease, p.WorkerID)
 	}
-	args := []any{p.BatchSize, p.WorkerID, p.Lease.Microseconds()}
-	b := &pgx.Batch{}
-	if s.config.DisableStrictOrdering {
-		b.Queue(s.q.plan)
-	} else {
-		b.Queue(s.q.planLock, s.lockKey)
+	start := time.Now()
+	for {
+		recs, broken, err := s.claimOnce(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		if len(broken) > 0 {
+			if _, err := s.pool.Exec(ctx, s.q.unlease, broken, p.WorkerID); err != nil {
+				// The leases run out by themselves; the records handed out
+				// are leased whole.
+				return recs, fmt.Errorf("claim outbox rows from %s: give back %d leases: %w", s.table, len(broken), err)
+			}
+		}
+		if len(recs) > 0 || s.q.more == "" || time.Since(start) > walkBudget {
+			return recs, nil
+		}
+		var more bool
+		if err := s.pool.QueryRow(ctx, s.q.more).Scan(&more); err != nil {
+			return nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
+		}
+		if !more {
+			return nil, nil
+		}
 	}
-	b.Queue(s.q.claim, args...)
+}
+
+// claimOnce runs the planner settings and the claim as one batch.
+func (s *Storage) claimOnce(ctx context.Context, p storage.ClaimParams) (recs []storage.Record, broken []int64, err error) {
+	b := &pgx.Batch{}
+	b.Queue(s.q.plan)
+	b.Queue(s.q.claim, p.BatchSize, p.WorkerID, p.Lease.Microseconds())
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close() //nolint:errcheck // the results are read and checked below; Close would repeat their error
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: planner settings or advisory lock: %w", s.table, err)
+		return nil, nil, fmt.Errorf("claim outbox rows from %s: planner settings: %w", s.table, err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
+		return nil, nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
 	}
-	recs, err := scanClaimed(rows, s.table, p.BatchSize)
-	if err != nil {
-		return nil, err
+	if recs, broken, err = scanClaimed(rows, s.table, p.BatchSize); err != nil {
+		return nil, nil, err
 	}
 	// The batch is one implicit transaction, committed at its end: a failed
 	// commit means the leases were not taken, so the records must not be
 	// handed out.
 	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: commit: %w", s.table, err)
+		return nil, nil, fmt.Errorf("claim outbox rows from %s: commit: %w", s.table, err)
 	}
-	return recs, nil
+	return recs, broken, nil
 }
 
 // Ack implements [storage.Storage]: the whole batch in one statement.
@@ -363,7 +372,7 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 	if len(p.IDs) == 0 {
 		return nil
 	}
-	if err := s.exec(ctx, false, s.q.ack, p.IDs, p.WorkerID); err != nil {
+	if _, err := s.removeHeads(ctx, s.q.ackUnparks, s.q.ack, p.IDs, p.WorkerID); err != nil {
 		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return nil
@@ -371,7 +380,7 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 
 // Nack implements [storage.Storage].
 func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
-	if err := s.writeBack(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt); err != nil {
+	if _, err := s.pool.Exec(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt); err != nil {
 		return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
 	}
 	return nil
@@ -382,7 +391,7 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 	if len(p.IDs) == 0 {
 		return nil
 	}
-	if err := s.writeBack(ctx, s.q.release, p.IDs, p.WorkerID, p.RetryAt); err != nil {
+	if _, err := s.pool.Exec(ctx, s.q.release, p.IDs, p.WorkerID, p.RetryAt); err != nil {
 		return fmt.Errorf("release %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return nil
@@ -390,12 +399,74 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 
 // DeadLetter implements [storage.Storage].
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
-	// No advisory lock: a dead row holds nothing back, so a claim running
-	// meanwhile may hand out the next row of its key either way.
-	if err := s.exec(ctx, false, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
+	unpark := s.q.ackUnparks && !s.q.deadKeeps
+	if _, err := s.removeHeads(ctx, unpark, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
 		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
 	}
 	return nil
+}
+
+// removeHeads runs a write-back that may remove the heads of keys: it
+// returns their keys, one row each, and removeHeads how many rows it
+// returned. With unpark it runs in a transaction that then unparks the next
+// row of each of those keys, in a second statement whose snapshot is taken
+// after the write-back's locks (see the note on locks in buildQueries). Two
+// round trips: BEGIN and the write-back, then the unpark and COMMIT.
+func (s *Storage) removeHeads(ctx context.Context, unpark bool, sql string, args ...any) (int, error) {
+	if !unpark {
+		rows, err := s.pool.Query(ctx, sql, args...)
+		if err != nil {
+			return 0, err
+		}
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		return len(keys), err
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Release()
+	ok := false
+	defer func() {
+		if !ok {
+			// A connection left inside a transaction must not go back to
+			// the pool.
+			if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+				_ = conn.Conn().Close(context.WithoutCancel(ctx))
+			}
+		}
+	}()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(sql, args...)
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var keys []string
+	if err == nil {
+		var rows pgx.Rows
+		rows, err = br.Query()
+		if err == nil {
+			keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := len(keys)
+	keys = slices.DeleteFunc(keys, func(k string) bool { return k == "" })
+	b = &pgx.Batch{}
+	if len(keys) > 0 {
+		b.Queue(s.q.unpark, keys)
+	}
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return 0, fmt.Errorf("unpark the next rows of %d keys: %w", len(keys), err)
+	}
+	ok = true
+	return n, nil
 }
 
 // Extend implements [storage.Storage].
@@ -415,50 +486,4 @@ func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, 
 		return nil, fmt.Errorf("extend the lease of %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return ids, nil
-}
-
-// writeBack runs a statement that makes leased rows unclaimable until a retry
-// time. With strict ordering it takes the claim lock first: a claim running
-// meanwhile could otherwise see such a row as claimable in its snapshot (its
-// lease expired), fail to take it over (the write-back deleted the lease),
-// and still hand out a later row of the same key, which its snapshot shows
-// as not held back.
-func (s *Storage) writeBack(ctx context.Context, sql string, args ...any) error {
-	return s.exec(ctx, !s.config.DisableStrictOrdering, sql, args...)
-}
-
-// exec runs a write-back with the planner settings and, when lock is set,
-// the advisory lock first: one round trip, one (implicit) transaction.
-func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) error {
-	b := &pgx.Batch{}
-	if lock {
-		b.Queue(s.q.writePlanLock, s.lockKey)
-	} else {
-		b.Queue(s.q.writePlan)
-	}
-	b.Queue(sql, args...)
-	return s.pool.SendBatch(ctx, b).Close()
-}
-
-// Join implements [storage.Membership]: the worker counts as a claimer for
-// memberTTL from now, so that the others leave it its share of the key slots
-// from their next claim on. A claim joins too; the forwarder calls Join when
-// Run starts, so that forwarders started together do not all claim from
-// every slot at first.
-func (s *Storage) Join(ctx context.Context, workerID string) error {
-	if _, err := s.pool.Exec(ctx, s.q.join, workerID); err != nil {
-		return fmt.Errorf("join %s as worker %q: %w", s.workers, workerID, err)
-	}
-	return nil
-}
-
-// Leave implements [storage.Membership]: the worker stops counting as a
-// claimer at once, so the other workers share its key slots from their next
-// claim on instead of after memberTTL. The forwarder calls it when Run
-// returns.
-func (s *Storage) Leave(ctx context.Context, workerID string) error {
-	if _, err := s.pool.Exec(ctx, s.q.leave, workerID); err != nil {
-		return fmt.Errorf("leave %s as worker %q: %w", s.workers, workerID, err)
-	}
-	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"time"
 
@@ -34,8 +33,10 @@ type Config struct {
 
 	// DisableStrictOrdering turns strict per-key ordering off. With it on (the
 	// default) a record is held back while an earlier pending record with the
-	// same key is not claimable, and claims on one table are serialised by a
-	// transaction-scoped advisory lock.
+	// same key is not claimable: claims take the first pending record of each
+	// key (its head) with the records that follow it, and park the records
+	// that wait behind a head in flight or waiting for its retry, so that
+	// the next claims do not read them again (see the package doc).
 	DisableStrictOrdering bool
 
 	// VisibilityDelay makes Claim take only records created at least this long
@@ -53,6 +54,20 @@ type Config struct {
 	// false.
 	DeleteOnAck bool
 
+	// CommitFence makes Claim take only records whose producer transaction
+	// can no longer be overtaken by an earlier one: records written by a
+	// transaction older than the oldest transaction still running in the
+	// database (pg_snapshot_xmin of the current snapshot, as watermill-sql
+	// v3 does). Ids are taken at insert, not at commit, so without it a
+	// record of a long producer transaction may commit after a later record
+	// of its key was delivered; VisibilityDelay guesses a time bound, the
+	// fence needs no guess. Its cost: any long transaction in the database,
+	// producer or not (a report, a migration, an idle-in-transaction
+	// session), holds delivery back until it ends. [Storage.Stats] reports
+	// how many pending records the fence holds back right now (Fenced).
+	// Defaults to false.
+	CommitFence bool
+
 	// NotifyChannel, when set, makes [Storage.Migrate] create (when missing)
 	// a trigger that sends a notification on this channel after every insert
 	// statement, and enables [Storage.Listen]. Same rules as a Table part.
@@ -64,10 +79,8 @@ type Config struct {
 	// these blocked keys), so that a poison message never breaks the order
 	// of its key. A record that failed before is then claimed without the
 	// later records of its key, so that a forwarder cannot publish them in
-	// the same batch after dead-lettering it. Needs strict ordering. Each
-	// claim then also reads the dead and failed keyed rows (two partial
-	// indexes): keep the dead letters few (re-drive or skip them). Defaults
-	// to false: a dead record lets its key move on.
+	// the same batch after dead-lettering it. Needs strict ordering.
+	// Defaults to false: a dead record lets its key move on.
 	HoldOnDeadLetter bool
 
 	// Logger receives the listener's connection events. Defaults to
@@ -139,7 +152,7 @@ func parseTable(name string) (pgx.Identifier, error) {
 
 // Storage is the PostgreSQL outbox storage over a pgx pool. It implements
 // [storage.Storage], [storage.Inserter], [storage.StatsReader],
-// [storage.Maintainer], [storage.Membership], [storage.Operator],
+// [storage.Maintainer], [storage.Operator],
 // [storage.Migrator], [storage.Diagnoser] and [storage.DeadLetterHolder],
 // and is safe for concurrent use.
 type Storage struct {
@@ -149,10 +162,8 @@ type Storage struct {
 	ident     pgx.Identifier // table, as configured
 	table     string         // table, quoted for SQL
 	leases    string         // lease table, quoted for SQL
-	workers   string         // worker table (slot sharing), quoted for SQL
 	delivered string         // delivered table (one narrow row per acked record), quoted for SQL
 	skipped   string         // skipped table (skipped records and their audit record), quoted for SQL
-	lockKey   int64          // advisory lock serialising strict-ordering claims
 
 	q queries
 }
@@ -162,7 +173,6 @@ var (
 	_ storage.Inserter    = (*Storage)(nil)
 	_ storage.StatsReader = (*Storage)(nil)
 	_ storage.Maintainer  = (*Storage)(nil)
-	_ storage.Membership  = (*Storage)(nil)
 	_ storage.Operator    = (*Storage)(nil)
 	_ storage.Migrator    = (*Storage)(nil)
 	_ storage.Diagnoser   = (*Storage)(nil)
@@ -189,14 +199,9 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 		table:  ident.Sanitize(),
 	}
 	s.leases = siblingName(ident, "leases")
-	s.workers = siblingName(ident, "workers")
 	s.delivered = siblingName(ident, "delivered")
 	s.skipped = siblingName(ident, "skipped")
-	h := fnv.New64a()
-	h.Write([]byte("txoutbox claim " + s.table))
-	s.lockKey = int64(h.Sum64())
-	s.q = buildQueries(s.table, s.leases, s.workers, s.delivered, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck,
-		config.HoldOnDeadLetter)
+	s.q = buildQueries(s.table, s.leases, s.delivered, config)
 	return s, nil
 }
 
@@ -208,12 +213,6 @@ func (s *Storage) Table() string { return s.table }
 // example "app"."outbox_leases"). A forwarder's role needs SELECT, INSERT,
 // UPDATE and DELETE on it.
 func (s *Storage) LeaseTable() string { return s.leases }
-
-// WorkerTable returns the table of the workers that are claiming, as quoted
-// in SQL: the outbox table's name with the suffix "_workers", in the same
-// schema. Claims with strict ordering share the key slots among these
-// workers. A forwarder's role needs SELECT, INSERT, UPDATE and DELETE on it.
-func (s *Storage) WorkerTable() string { return s.workers }
 
 // DeliveredTable returns the table that records the delivered records, as
 // quoted in SQL: the outbox table's name with the suffix "_delivered", in the

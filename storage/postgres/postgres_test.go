@@ -738,19 +738,8 @@ SELECT g::text, 't', 'k' || (g %% 100), 'delivered', now() FROM generate_series(
 	if strings.Contains(plan, "Seq Scan on outbox ") {
 		t.Fatalf("claim plan scans the outbox table:\n%s", plan)
 	}
-	if !strings.Contains(plan, "outbox_pending_idx") {
-		t.Fatalf("claim plan does not use the pending index:\n%s", plan)
-	}
-	// With a backlog, the rescheduled rows are read from their own small
-	// index, not by a walk over every pending row. (Over the 2000 rows above
-	// either is cheap and the planner may pick the pending index.)
-	_, err = s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, topic, key)
-SELECT g::text, 't', 'k' || (g %% 100) FROM generate_series(1, 50000) g`, s.table))
-	must(t, err)
-	_, err = s.pool.Exec(ctx, "ANALYZE "+s.table)
-	must(t, err)
-	if plan := explainClaim(t, s, 1000, false); !strings.Contains(plan, "outbox_rescheduled_idx") {
-		t.Fatalf("strict check does not use the index of rescheduled rows:\n%s", plan)
+	if !strings.Contains(plan, "outbox_walk_idx") {
+		t.Fatalf("claim plan does not use the walk index:\n%s", plan)
 	}
 }
 
@@ -774,7 +763,7 @@ func TestClaimPlanWithStaleStatistics(t *testing.T) {
 SELECT g::text, 't', 'k' || (g %% 1000), convert_to(repeat('x', 256), 'UTF8') FROM generate_series(1, 30000) g`, s.table))
 			must(t, err)
 			plan := explainClaim(t, s, 1000, true)
-			if strings.Contains(plan, "Sort") || !strings.Contains(plan, "Index Scan using outbox_pending_idx") {
+			if strings.Contains(plan, "Seq Scan on outbox ") || !strings.Contains(plan, "Index Scan using outbox_walk_idx") {
 				t.Fatalf("claim over a backlog with stale statistics does not walk the pending index in order:\n%s", plan)
 			}
 			_, err = s.pool.Exec(ctx, "ANALYZE "+s.table)
@@ -784,8 +773,8 @@ SELECT g::text, 't', 'k' || (g %% 1000), convert_to(repeat('x', 256), 'UTF8') FR
 				must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: "w"}))
 			}
 			plan = explainClaim(t, s, 1000, true)
-			if strings.Contains(plan, "outbox_pkey") || !strings.Contains(plan, "Index Scan using outbox_pending_idx") {
-				t.Fatalf("claim after deliveries, with statistics from before, walks the primary key:\n%s", plan)
+			if !strings.Contains(plan, "Index Scan using outbox_walk_idx") {
+				t.Fatalf("claim after deliveries, with statistics from before, does not walk the walk index:\n%s", plan)
 			}
 			// The planner settings make some plan nodes "disabled" (a cost of
 			// 1e10), which would make the server JIT-compile every claim
@@ -809,7 +798,7 @@ func explainClaim(t testing.TB, s *Storage, batch int, analyze bool, settings ..
 		_, err = tx.Exec(ctx, set)
 		must(t, err)
 	}
-	_, err = tx.Exec(ctx, s.q.plan) // the claim's planner setting
+	_, err = tx.Exec(ctx, s.q.plan) // the claim's planner settings
 	must(t, err)
 	opts := "EXPLAIN "
 	if analyze {
@@ -919,179 +908,3 @@ func hasRecord(records []storage.Record, id int64) bool {
 }
 
 // slotsOf returns the key slot of each record.
-func slotsOf(t *testing.T, s *Storage, records []storage.Record) []int {
-	t.Helper()
-	out := make([]int, len(records))
-	for i, r := range records {
-		must(t, s.pool.QueryRow(t.Context(), fmt.Sprintf("SELECT slot FROM %s WHERE id = $1", s.table), r.ID).Scan(&out[i]))
-	}
-	return out
-}
-
-// TestSlotsShareKeysAmongWorkers: with strict ordering, the workers claiming
-// from one table share the key slots, each a contiguous range, so that they
-// hold disjoint keys; a worker that leaves or stops claiming gives its range
-// back, and the slots of a registered worker that does not claim are still
-// served from the head of the backlog.
-func TestSlotsShareKeysAmongWorkers(t *testing.T) {
-	t.Parallel()
-	s := newStore(t, Config{})
-	ctx := t.Context()
-	var in []storage.Record
-	for i := range 2000 {
-		in = append(in, rec(fmt.Sprintf("k%d", i%400)))
-	}
-	insert(t, s, in...)
-	inRange := func(slots []int, lo, hi int) bool {
-		for _, sl := range slots {
-			if sl < lo || sl > hi {
-				return false
-			}
-		}
-		return true
-	}
-	// Alone, a worker owns every slot: its claim is the head of the table.
-	alone := claim(t, s, "w-a", 100, time.Minute)
-	if len(alone) != 100 || alone[0].ID != 1 {
-		t.Fatalf("lone worker claimed %d rows from id %d, want the first 100", len(alone), alone[0].ID)
-	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(alone), WorkerID: "w-a"}))
-	// w-b registers with one claim; from then on w-a (first by id) owns the
-	// lower half of the slots and w-b the upper half.
-	b := claim(t, s, "w-b", 100, time.Minute)
-	a := claim(t, s, "w-a", 100, time.Minute)
-	b2 := claim(t, s, "w-b", 100, time.Minute)
-	if len(a) != 100 || len(b2) != 100 {
-		t.Fatalf("claimed %d and %d, want 100 each", len(a), len(b2))
-	}
-	if !inRange(slotsOf(t, s, a), 0, slotCount/2-1) || !inRange(slotsOf(t, s, b2), slotCount/2, slotCount-1) {
-		t.Fatalf("w-a claimed slots %v, w-b slots %v: want the lower and the upper half", slotsOf(t, s, a), slotsOf(t, s, b2))
-	}
-	keysA := map[string]bool{}
-	for _, r := range a {
-		keysA[r.Key] = true
-	}
-	for _, r := range b2 {
-		if keysA[r.Key] {
-			t.Fatalf("key %s claimed by both workers", r.Key)
-		}
-	}
-	for _, w := range []struct {
-		id   string
-		recs []storage.Record
-	}{{"w-b", b}, {"w-a", a}, {"w-b", b2}} {
-		must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(w.recs), WorkerID: w.id}))
-	}
-	// The slot range is checked in the pending index, not row by row.
-	tx, err := s.pool.Begin(ctx)
-	must(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck // read only
-	_, err = tx.Exec(ctx, s.q.plan)
-	must(t, err)
-	rows, err := tx.Query(ctx, "EXPLAIN "+s.q.claim, 100, "w-a", time.Minute.Microseconds())
-	must(t, err)
-	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	must(t, err)
-	must(t, tx.Rollback(ctx))
-	if !strings.Contains(strings.Join(plan, "\n"), "Index Cond: ((slot >= ") {
-		t.Fatalf("claim does not check the slot range in the index:\n%s", strings.Join(plan, "\n"))
-	}
-
-	// w-b leaves: w-a owns every slot again at once.
-	must(t, s.Leave(ctx, "w-b"))
-	all := claim(t, s, "w-a", 300, time.Minute)
-	if sl := slotsOf(t, s, all); inRange(sl, 0, slotCount/2-1) {
-		t.Fatalf("after w-b left, w-a still claimed only its half: %v", sl)
-	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(all), WorkerID: "w-a"}))
-
-	// w-c registers, then stops claiming (no Leave, no lease: it crashed
-	// between rounds). Once w-a's own slots run dry, it takes w-c's rows
-	// from the head of the backlog; once w-c's registration expires, w-a
-	// owns everything again.
-	c := claim(t, s, "w-c", 1, time.Minute)
-	must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(c), WorkerID: "w-c"}))
-	var left int
-	for {
-		got := claim(t, s, "w-a", 100, time.Minute)
-		if len(got) == 0 {
-			break
-		}
-		must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: "w-a"}))
-	}
-	must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE status = 'pending'", s.table)).Scan(&left))
-	if left != 0 {
-		t.Fatalf("%d rows left pending in the slots of a worker that stopped claiming", left)
-	}
-
-	// A worker counts for memberTTL after its claim, or for its lease when
-	// that is longer: a round that is still publishing keeps its keys.
-	var more []storage.Record
-	for i := range 1000 {
-		more = append(more, rec(fmt.Sprintf("m%d", i%300)))
-	}
-	insert(t, s, more...)
-	claim(t, s, "w-d", 1, time.Hour)
-	var secs int
-	must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT extract(epoch FROM seen_until - now())::int FROM %s WHERE worker_id = 'w-d'", s.workers)).Scan(&secs))
-	if secs < 3500 {
-		t.Fatalf("w-d, with a lease of an hour, counts for %d s more, want about 3600", secs)
-	}
-	// Once every other registration has run out, w-a owns every slot; a
-	// worker that joins without claiming takes its share at once.
-	_, err = s.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET seen_until = now() - interval '1 second' WHERE worker_id <> 'w-a'", s.workers))
-	must(t, err)
-	must(t, s.Join(ctx, "w-z"))
-	if got := claim(t, s, "w-a", 100, time.Minute); len(got) != 100 || !inRange(slotsOf(t, s, got), 0, slotCount/2-1) {
-		t.Fatalf("with w-z joined, w-a claimed %d rows in slots %v: want 100 in the lower half", len(got), slotsOf(t, s, got))
-	}
-	must(t, s.Leave(ctx, "w-z"))
-	_, err = s.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET seen_until = now() - interval '1 second' WHERE worker_id <> 'w-a'", s.workers))
-	must(t, err)
-	if got := claim(t, s, "w-a", 300, time.Minute); len(got) != 300 || inRange(slotsOf(t, s, got), 0, slotCount/2-1) || inRange(slotsOf(t, s, got), slotCount/2, slotCount-1) {
-		t.Fatalf("alone again, w-a claimed %d rows in slots %v: want 300 from both halves", len(got), slotsOf(t, s, got))
-	}
-}
-
-// TestLeasesLockedInIDOrder: the ack and the claim's takeover of expired
-// leases lock lease rows through a plain index scan of the lease table's
-// primary key, which takes them in id order, never through a bitmap scan
-// (heap order): two statements locking several rows in different orders
-// could deadlock.
-func TestLeasesLockedInIDOrder(t *testing.T) {
-	t.Parallel()
-	s := newStore(t, Config{})
-	ctx := t.Context()
-	var in []storage.Record
-	for i := range 3000 {
-		in = append(in, rec(fmt.Sprintf("k%d", i%300)))
-	}
-	ids := insert(t, s, in...)
-	// Statistics taken while the lease table was empty, as after a quiet
-	// spell: the planner then likes bitmap scans for id = ANY(...).
-	_, err := s.pool.Exec(ctx, "ANALYZE "+s.leases)
-	must(t, err)
-	claim(t, s, "w", 3000, time.Minute)
-	for _, tc := range []struct {
-		name, settings, sql string
-		args                []any
-	}{
-		{"ack", s.q.writePlan, s.q.ack, []any{ids[:1000], "w"}},
-		{"release", s.q.writePlan, s.q.release, []any{ids[:1000], "w", time.Now()}},
-		{"claim", s.q.plan, s.q.claim, []any{1000, "x", time.Minute.Microseconds()}},
-	} {
-		tx, err := s.pool.Begin(ctx)
-		must(t, err)
-		_, err = tx.Exec(ctx, tc.settings)
-		must(t, err)
-		rows, err := tx.Query(ctx, "EXPLAIN "+tc.sql, tc.args...)
-		must(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		must(t, err)
-		must(t, tx.Rollback(ctx))
-		plan := strings.Join(lines, "\n")
-		if strings.Contains(plan, "Bitmap Heap Scan on outbox_leases") || !strings.Contains(plan, "Index Scan using outbox_leases_pkey") {
-			t.Errorf("%s does not read the lease table in id order:\n%s", tc.name, plan)
-		}
-	}
-}
