@@ -53,6 +53,9 @@ func TestStatsCollectorReadsTheTable(t *testing.T) {
 # HELP txoutbox_outbox_dead Dead-lettered records, waiting for an operator to re-drive or purge them.
 # TYPE txoutbox_outbox_dead gauge
 txoutbox_outbox_dead{table="outbox"} 1
+# HELP txoutbox_outbox_fenced Pending records held back by the commit fence: a transaction that began before theirs is still running.
+# TYPE txoutbox_outbox_fenced gauge
+txoutbox_outbox_fenced{table="outbox"} 0
 # HELP txoutbox_outbox_forwarders Distinct forwarders holding a live lease.
 # TYPE txoutbox_outbox_forwarders gauge
 txoutbox_outbox_forwarders{table="outbox"} 1
@@ -74,13 +77,13 @@ txoutbox_outbox_stats_last_scrape_error{table="outbox"} 0
 # HELP txoutbox_outbox_stats_scrape_errors_total Reads of the outbox stats that failed or timed out.
 # TYPE txoutbox_outbox_stats_scrape_errors_total counter
 txoutbox_outbox_stats_scrape_errors_total{table="outbox"} 0
-`), "txoutbox_outbox_dead", "txoutbox_outbox_delivered", "txoutbox_outbox_forwarders", "txoutbox_outbox_held_keys", "txoutbox_outbox_leased", "txoutbox_outbox_pending",
+`), "txoutbox_outbox_dead", "txoutbox_outbox_delivered", "txoutbox_outbox_fenced", "txoutbox_outbox_forwarders", "txoutbox_outbox_held_keys", "txoutbox_outbox_leased", "txoutbox_outbox_pending",
 		"txoutbox_outbox_stats_last_scrape_error", "txoutbox_outbox_stats_scrape_errors_total")
 	if err != nil {
 		t.Error(err)
 	}
-	if n := testutil.CollectAndCount(c); n != 11 {
-		t.Errorf("collected %d metrics, want 11", n)
+	if n := testutil.CollectAndCount(c); n != 12 {
+		t.Errorf("collected %d metrics, want 12", n)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)

@@ -129,9 +129,11 @@ func buildQueries(t, leases, delivered string, c Config) queries {
 		// followers unparked. (Locks taken SKIP LOCKED never wait, so their
 		// order does not matter.)
 		//
-		// f: each keyed head brings the pending rows that follow it in its
-		// key, parked or not, as long as they are ready and not leased: an
-		// even share of what the heads leave of the batch. With
+		// n, f: each keyed head brings the pending rows that follow it in
+		// its key, parked or not, as long as they are ready and not leased:
+		// as many as the walk met, plus an even share of what the heads and
+		// those leave of the batch (the rows of a key that waited behind
+		// its head were parked, and the walk does not meet them). With
 		// HoldOnDeadLetter a head that failed before goes alone, so that a
 		// forwarder never holds later rows of a key whose head it may
 		// dead-letter.
@@ -167,6 +169,8 @@ pk AS (
           WHERE NOT x.parked
           FOR UPDATE OF x SKIP LOCKED) x
     WHERE o.id = x.id),
+n AS MATERIALIZED (
+    SELECT h.id, (SELECT count(*) FROM c WHERE c.blocker = h.id) AS walked FROM h),
 f AS MATERIALIZED (
     SELECT r.id FROM h CROSS JOIN LATERAL (
         SELECT q.id, bool_and(q.ok) OVER (ORDER BY q.id) AS run FROM (
@@ -174,7 +178,8 @@ f AS MATERIALIZED (
             FROM %[1]s p
             WHERE p.key = h.key AND p.key <> '' AND p.status = 'pending' AND p.id > h.id
             ORDER BY p.key, p.id
-            LIMIT (SELECT GREATEST($1 - count(*), 0) / GREATEST(count(*), 1) FROM h)) q) r
+            LIMIT (SELECT walked FROM n WHERE n.id = h.id)
+                + (SELECT GREATEST($1 - count(*) - sum(walked)::bigint, 0) / GREATEST(count(*), 1) FROM n)) q) r
     WHERE h.key <> ''%[8]s AND r.run),
 b AS MATERIALIZED (
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
