@@ -185,7 +185,10 @@ func parseFlatObject(b []byte) (map[string]string, bool) {
 // claim has a ninth column, whole: false for a row that must not be handed
 // out (an earlier row of its key in the batch did not get its lease); those
 // come back as broken.
-func scanClaimed(rows pgx.Rows, table string, capacity int) (recs []storage.Record, broken []int64, err error) {
+//
+// A row with a NULL id is no record: the strict claim's sign that it
+// parked rows and claimed none (again).
+func scanClaimed(rows pgx.Rows, table string, capacity int) (recs []storage.Record, broken []int64, again bool, err error) {
 	defer rows.Close()
 	recs = make([]storage.Record, 0, min(capacity, 1024))
 	fields := rows.FieldDescriptions()
@@ -194,6 +197,10 @@ func scanClaimed(rows pgx.Rows, table string, capacity int) (recs []storage.Reco
 	var topic string
 	var meta []byte
 	for rows.Next() {
+		if rows.RawValues()[0] == nil {
+			again = true
+			continue
+		}
 		var r storage.Record
 		whole := true
 		if raw && decodeRaw(rows.RawValues(), &r, &topic) {
@@ -210,7 +217,7 @@ func scanClaimed(rows pgx.Rows, table string, capacity int) (recs []storage.Reco
 				dest = append(dest, &whole)
 			}
 			if err := rows.Scan(dest...); err != nil {
-				return nil, nil, fmt.Errorf("claim outbox rows from %s: scan: %w", table, err)
+				return nil, nil, false, fmt.Errorf("claim outbox rows from %s: scan: %w", table, err)
 			}
 			r.Attempts = int(attempts)
 			if created.InfinityModifier == pgtype.Finite {
@@ -227,12 +234,12 @@ func scanClaimed(rows pgx.Rows, table string, capacity int) (recs []storage.Reco
 		recs = append(recs, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("claim outbox rows from %s: %w", table, err)
+		return nil, nil, false, fmt.Errorf("claim outbox rows from %s: %w", table, err)
 	}
 	if !slices.IsSortedFunc(recs, byID) {
 		slices.SortFunc(recs, byID)
 	}
-	return recs, broken, nil
+	return recs, broken, again, nil
 }
 
 func byID(a, b storage.Record) int {

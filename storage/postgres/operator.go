@@ -215,15 +215,11 @@ func (s *Storage) Skip(ctx context.Context, params storage.SkipParams) error {
 		return fmt.Errorf("skip outbox record %d: SkipParams.Reason is required (it is the audit record)", params.ID)
 	}
 	q := fmt.Sprintf(`WITH d AS (
-    DELETE FROM %s WHERE id = ANY(ARRAY(SELECT id FROM %[1]s WHERE id = $1 AND status = 'dead' FOR UPDATE))
-    RETURNING id, uuid, topic, key, payload, metadata, created_at, attempts, last_error),
-i AS (
-    INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
-    SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d
-    RETURNING key)
-SELECT key FROM i`, s.table, s.skipped)
-	// The statement returns the skipped row's key.
-	skipped, err := s.removeHeads(ctx, s.StrictOrdering(), q, params.ID, params.Reason)
+    DELETE FROM %s WHERE id = $1 AND status = 'dead'
+    RETURNING id, uuid, topic, key, payload, metadata, created_at, attempts, last_error)
+INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
+SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d`, s.table, s.skipped)
+	skipped, err := s.removeHeads(ctx, s.StrictOrdering(), []int64{params.ID}, q, params.ID, params.Reason)
 	if err != nil {
 		return fmt.Errorf("skip outbox record %d of %s: %w", params.ID, s.table, err)
 	}

@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,10 +22,10 @@ const walkBudget = time.Second
 // queries holds the statements of one storage, built once in New.
 type queries struct {
 	plan                  string
-	claim, more, unlease  string
+	claim, unlease        string
 	ack, nack, release    string
 	deadLetter, extend    string
-	unpark                string
+	lock, unpark          string
 	ackUnparks, deadKeeps bool
 }
 
@@ -68,8 +67,12 @@ func buildQueries(t, leases, delivered string, c Config) queries {
 		return s
 	}
 	// leased: a live lease on the row.
+	// The live leases are read once per statement into a hash (a hashed
+	// SubPlan: the lease table holds only the rows in flight), and each row
+	// walked costs one lookup in it rather than a probe of the lease
+	// table's index: the walk meets every row in flight first.
 	leased := func(a string) string {
-		return fmt.Sprintf("EXISTS (SELECT FROM %s l WHERE l.id = %s.id AND l.leased_until > (SELECT t FROM clk))", leases, a)
+		return fmt.Sprintf("%s.id IN (SELECT l.id FROM %s l WHERE l.leased_until > (SELECT t FROM clk))", a, leases)
 	}
 	// "Now" is one clock reading taken once the statement runs, after its
 	// snapshot: not now(), the start of the transaction. With CommitFence,
@@ -118,14 +121,20 @@ func buildQueries(t, leases, delivered string, c Config) queries {
 		// index).
 		//
 		// h: the heads among them (no row before them), locked SKIP LOCKED,
-		// so that claims running side by side take different heads.
+		// so that claims running side by side take different heads. (Read
+		// by id; a condition on parked here would let the planner read
+		// them through the walk index, all of it.)
 		//
 		// k, pk: the others wait behind their key's head (or, with
-		// HoldOnDeadLetter, a dead row). If that head can be locked FOR KEY
-		// SHARE now (see the note on locks), every pending row of its key
-		// behind it is parked, out of the walk: the walk meets a key held
-		// back once, however many rows it has waiting, and the claims after
-		// it do not read them again. A head this claim takes leaves its
+		// HoldOnDeadLetter, a dead row). Every pending row of such a key
+		// behind its head is parked, out of the walk, so that the walk meets
+		// a held key once however many rows it has waiting, if the head can
+		// be locked FOR KEY SHARE now (see the note on locks), and if the
+		// head waits for its retry (or is dead), or is in flight and the
+		// walk met more than one row behind it: the backlog of a hot key.
+		// A key in flight with one row in the walk is just walked over:
+		// its hold ends with the ack, and parking would cost a write of
+		// each row of a busy key. A head this claim takes leaves its
 		// followers unparked. (Locks taken SKIP LOCKED never wait, so their
 		// order does not matter.)
 		//
@@ -138,12 +147,16 @@ func buildQueries(t, leases, delivered string, c Config) queries {
 		// forwarder never holds later rows of a key whose head it may
 		// dead-letter.
 		//
-		// b, ins, a: heads and followers are locked in id order (only the
-		// previous holder's write-back can hold a follower) and leased. A
-		// row is handed out only if every earlier row of its key in the
-		// batch got its lease too; the others come back with whole = false
-		// and Claim gives their lease back (a lease another claim took or
-		// its holder extended after this statement's snapshot).
+		// b, ins, a: the followers are locked in id order (only the
+		// previous holder's write-back can hold one), and heads and
+		// followers leased. A row is handed out only if every earlier row
+		// of its key in the batch got its lease too; the others come back
+		// with whole = false and Claim gives their lease back (a lease
+		// another claim took or its holder extended after this statement's
+		// snapshot).
+		//
+		// When the walk claimed nothing but parked rows, one row with a
+		// NULL id says so: Claim walks again.
 		alone := ""
 		if c.HoldOnDeadLetter {
 			alone = " AND h.last_error IS NULL"
@@ -156,50 +169,58 @@ c AS MATERIALIZED (
     ORDER BY o.due_at, o.id
     LIMIT $1),
 h AS MATERIALIZED (
-    SELECT o.id, o.key, o.last_error FROM %[1]s o
-    WHERE o.id = ANY(ARRAY(SELECT id FROM c WHERE blocker IS NULL)) AND o.status = 'pending' AND NOT o.parked
+    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at, o.last_error FROM %[1]s o
+    WHERE o.id = ANY(ARRAY(SELECT id FROM c WHERE blocker IS NULL)) AND o.status = 'pending'
     FOR UPDATE SKIP LOCKED),
 k AS MATERIALIZED (
     SELECT b.id, b.key FROM %[1]s b
-    WHERE b.id = ANY(ARRAY(SELECT blocker FROM c)) AND b.id <> ALL(ARRAY(SELECT id FROM h)) AND b.status IN (%[7]s)
+    WHERE b.id = ANY(ARRAY(
+            SELECT c.blocker FROM c WHERE c.blocker IS NOT NULL GROUP BY c.blocker
+            HAVING count(*) > 1 OR NOT EXISTS (
+                SELECT FROM %[10]s l WHERE l.id = c.blocker AND l.leased_until > (SELECT t FROM clk))))
+      AND b.id <> ALL(ARRAY(SELECT id FROM h)) AND b.status IN (%[7]s)
     FOR KEY SHARE SKIP LOCKED),
 pk AS (
     UPDATE %[1]s o SET parked = true
     FROM (SELECT x.id FROM k JOIN %[1]s x ON x.key = k.key AND x.key <> '' AND x.status = 'pending' AND x.id > k.id
           WHERE NOT x.parked
           FOR UPDATE OF x SKIP LOCKED) x
-    WHERE o.id = x.id),
+    WHERE o.id = x.id
+    RETURNING o.id),
 n AS MATERIALIZED (
-    SELECT h.id, (SELECT count(*) FROM c WHERE c.blocker = h.id) AS walked FROM h),
+    SELECT h.id, h.key, h.last_error, count(c.id) AS walked
+    FROM h LEFT JOIN c ON c.blocker = h.id
+    GROUP BY h.id, h.key, h.last_error),
+sh AS MATERIALIZED (
+    SELECT GREATEST($1 - count(*) - sum(walked)::bigint, 0) / GREATEST(count(*), 1) AS share FROM n),
 f AS MATERIALIZED (
-    SELECT r.id FROM h CROSS JOIN LATERAL (
+    SELECT r.id FROM n h CROSS JOIN LATERAL (
         SELECT q.id, bool_and(q.ok) OVER (ORDER BY q.id) AS run FROM (
             SELECT p.id, (%[5]s AND NOT %[6]s) AS ok
             FROM %[1]s p
             WHERE p.key = h.key AND p.key <> '' AND p.status = 'pending' AND p.id > h.id
             ORDER BY p.key, p.id
-            LIMIT (SELECT walked FROM n WHERE n.id = h.id)
-                + (SELECT GREATEST($1 - count(*) - sum(walked)::bigint, 0) / GREATEST(count(*), 1) FROM n)) q) r
+            LIMIT h.walked + (SELECT share FROM sh)) q) r
     WHERE h.key <> ''%[8]s AND r.run),
 b AS MATERIALIZED (
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
-    WHERE o.id = ANY(ARRAY(SELECT id FROM h UNION ALL SELECT id FROM f)) AND o.status = 'pending'
+    WHERE o.id = ANY(ARRAY(SELECT id FROM f)) AND o.status = 'pending'
     ORDER BY o.id
     FOR UPDATE),
+hb AS MATERIALIZED (
+    SELECT id, uuid, topic, key, payload, metadata, attempts, created_at FROM h
+    UNION ALL
+    SELECT * FROM b),
 ins AS (%[9]s),
 a AS (
-    SELECT b.*, ins.attempts AS leased,
-        bool_and(ins.id IS NOT NULL) OVER (PARTITION BY b.key, CASE WHEN b.key = '' THEN b.id END ORDER BY b.id) AS whole
-    FROM b LEFT JOIN ins ON ins.id = b.id)
+    SELECT hb.*, ins.attempts AS leased,
+        bool_and(ins.id IS NOT NULL) OVER (PARTITION BY hb.key, CASE WHEN hb.key = '' THEN hb.id END ORDER BY hb.id) AS whole
+    FROM hb LEFT JOIN ins ON ins.id = hb.id)
 SELECT a.id, a.uuid, a.topic, a.key, a.payload, a.metadata, a.leased, a.created_at, a.whole
 FROM a WHERE a.leased IS NOT NULL
-ORDER BY a.id`, t, ready("o"), leased("o"), first("o"), ready("p"), leased("p"), blocking, alone, takeLease("b"))
-
-		// more: is there a row the walk would visit? Asked after a walk
-		// that claimed nothing, to tell "parked a batch, walk on" from
-		// "nothing to do".
-		q.more = clk + fmt.Sprintf(`
-SELECT EXISTS (SELECT FROM %[1]s o WHERE o.status = 'pending' AND NOT o.parked AND %[2]s AND NOT %[3]s)`, t, ready("o"), leased("o"))
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
+WHERE NOT EXISTS (SELECT FROM hb) AND EXISTS (SELECT FROM pk)`, t, ready("o"), leased("o"), first("o"), ready("p"), leased("p"), blocking, alone, takeLease("hb"), leases)
 	} else {
 		// Without strict ordering claims run side by side: each locks its
 		// candidates (SKIP LOCKED, so they skip each other's rows) and
@@ -248,9 +269,6 @@ l AS (
         SELECT y.id FROM %[2]s y WHERE y.id IN (SELECT id FROM m) AND y.leased_by = $2 ORDER BY y.id FOR UPDATE))
     RETURNING x.id, x.attempts)`, t, leases, ids)
 	}
-	// keys: what a write-back that removes heads returns, so that the next
-	// statement unparks the rows after them.
-	keys := "\nSELECT DISTINCT key FROM d WHERE key <> ''"
 
 	// An ack deletes the outbox row and records the delivery in the narrow
 	// delivered table: an UPDATE to status 'delivered' wrote a new version of
@@ -258,13 +276,12 @@ l AS (
 	q.ack = fenced("= ANY($1)") + fmt.Sprintf(`,
 d AS (
     DELETE FROM %[1]s o USING l WHERE o.id = l.id
-    RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error),
-r AS (
-    INSERT INTO %[2]s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
-    SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d)%[3]s`, t, delivered, keys)
+    RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error)
+INSERT INTO %[2]s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
+SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d`, t, delivered)
 	if c.DeleteOnAck {
-		q.ack = fenced("= ANY($1)") + fmt.Sprintf(`,
-d AS (DELETE FROM %[1]s o USING l WHERE o.id = l.id RETURNING o.key)%[2]s`, t, keys)
+		q.ack = fenced("= ANY($1)") + fmt.Sprintf(`
+DELETE FROM %[1]s o USING l WHERE o.id = l.id`, t)
 	}
 	q.ackUnparks = strict
 
@@ -282,25 +299,35 @@ FROM l WHERE o.id = l.id`, t)
 
 	// A dead-lettered row holds nothing back (unless HoldOnDeadLetter): the
 	// next row of its key is unparked.
-	q.deadLetter = fenced("= $1") + fmt.Sprintf(`,
-d AS (
-    UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
-    FROM l WHERE o.id = l.id
-    RETURNING o.id, o.key)%s`, t, keys)
+	q.deadLetter = fenced("= $1") + fmt.Sprintf(`
+UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
+FROM l WHERE o.id = l.id`, t)
 	q.deadKeeps = c.HoldOnDeadLetter
 
-	// unpark: the first pending row of each key in $1, when it is parked and
-	// (with HoldOnDeadLetter) no dead row of its key is before it.
+	// lock and unpark run before a write-back that removes heads (ack,
+	// dead-letter, skip), in its transaction: lock takes the rows $1 in id
+	// order, so that no claim can park rows behind them any more (a claim
+	// parks only while it holds the head FOR KEY SHARE); unpark, with a
+	// snapshot taken after those locks, unparks the first row of each of
+	// their keys that is not among them, when it is parked and (with
+	// HoldOnDeadLetter) no dead row of its key is before it; keys without
+	// a parked row (most, most of the time) cost one probe of the parked
+	// index. Unparking a
+	// row that is not its key's head after all (the write-back found
+	// another worker's lease) costs a walk over it, nothing more.
+	q.lock = fmt.Sprintf(`SELECT id FROM %s WHERE id = ANY($1) ORDER BY id FOR UPDATE`, t)
 	deadFirst := ""
 	if c.HoldOnDeadLetter {
 		deadFirst = fmt.Sprintf(`
-  AND NOT EXISTS (SELECT FROM %s d WHERE d.key = o.key AND d.key <> '' AND d.status = 'dead' AND d.id < o.id)`, t)
+  AND NOT EXISTS (SELECT FROM %s d WHERE d.key = o.key AND d.key <> '' AND d.status = 'dead' AND d.id < o.id AND d.id NOT IN (SELECT unnest($1::bigint[])))`, t)
 	}
 	q.unpark = fmt.Sprintf(`UPDATE %[1]s o SET parked = false
 WHERE o.id = ANY(ARRAY(
-    SELECT n.id FROM unnest($1::text[]) k(key) CROSS JOIN LATERAL (
-        SELECT p.id FROM %[1]s p WHERE p.key = k.key AND p.key <> '' AND p.status = 'pending'
-        ORDER BY p.key, p.id LIMIT 1) n))
+    SELECT n.id FROM (SELECT DISTINCT key FROM %[1]s WHERE id = ANY($1) AND key <> '') k
+    CROSS JOIN LATERAL (
+        SELECT p.id FROM %[1]s p WHERE p.key = k.key AND p.key <> '' AND p.status = 'pending' AND p.id NOT IN (SELECT unnest($1::bigint[]))
+        ORDER BY p.key, p.id LIMIT 1) n
+    WHERE EXISTS (SELECT FROM %[1]s x WHERE x.key = k.key AND x.key <> '' AND x.status = 'pending' AND x.parked)))
   AND o.parked%[2]s`, t, deadFirst)
 
 	// A lease that ran out is not extended, even when nobody took it over
@@ -314,15 +341,15 @@ RETURNING x.id`, leases)
 }
 
 // Claim implements [storage.Storage]: one statement (see buildQueries). With
-// strict ordering, a walk that claimed nothing while rows remain to walk is
-// run again, for up to walkBudget.
+// strict ordering, a walk that claimed nothing but parked rows is run
+// again, for up to walkBudget.
 func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 || p.WorkerID == "" {
 		return nil, fmt.Errorf("claim outbox rows: need BatchSize > 0, Lease > 0 and a WorkerID (got %d, %s, %q)", p.BatchSize, p.Lease, p.WorkerID)
 	}
 	start := time.Now()
 	for {
-		recs, broken, err := s.claimOnce(ctx, p)
+		recs, broken, again, err := s.claimOnce(ctx, p)
 		if err != nil {
 			return nil, err
 		}
@@ -333,43 +360,37 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 				return recs, fmt.Errorf("claim outbox rows from %s: give back %d leases: %w", s.table, len(broken), err)
 			}
 		}
-		if len(recs) > 0 || s.q.more == "" || time.Since(start) > walkBudget {
+		if !again || time.Since(start) > walkBudget {
 			return recs, nil
-		}
-		var more bool
-		if err := s.pool.QueryRow(ctx, s.q.more).Scan(&more); err != nil {
-			return nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
-		}
-		if !more {
-			return nil, nil
 		}
 	}
 }
 
-// claimOnce runs the planner settings and the claim as one batch.
-func (s *Storage) claimOnce(ctx context.Context, p storage.ClaimParams) (recs []storage.Record, broken []int64, err error) {
+// claimOnce runs the planner settings and the claim as one batch. again
+// reports a walk that claimed nothing but parked rows.
+func (s *Storage) claimOnce(ctx context.Context, p storage.ClaimParams) (recs []storage.Record, broken []int64, again bool, err error) {
 	b := &pgx.Batch{}
 	b.Queue(s.q.plan)
 	b.Queue(s.q.claim, p.BatchSize, p.WorkerID, p.Lease.Microseconds())
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close() //nolint:errcheck // the results are read and checked below; Close would repeat their error
 	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("claim outbox rows from %s: planner settings: %w", s.table, err)
+		return nil, nil, false, fmt.Errorf("claim outbox rows from %s: planner settings: %w", s.table, err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
+		return nil, nil, false, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
 	}
-	if recs, broken, err = scanClaimed(rows, s.table, p.BatchSize); err != nil {
-		return nil, nil, err
+	if recs, broken, again, err = scanClaimed(rows, s.table, p.BatchSize); err != nil {
+		return nil, nil, false, err
 	}
 	// The batch is one implicit transaction, committed at its end: a failed
 	// commit means the leases were not taken, so the records must not be
 	// handed out.
 	if err := br.Close(); err != nil {
-		return nil, nil, fmt.Errorf("claim outbox rows from %s: commit: %w", s.table, err)
+		return nil, nil, false, fmt.Errorf("claim outbox rows from %s: commit: %w", s.table, err)
 	}
-	return recs, broken, nil
+	return recs, broken, again, nil
 }
 
 // Ack implements [storage.Storage]: the whole batch in one statement.
@@ -377,7 +398,7 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 	if len(p.IDs) == 0 {
 		return nil
 	}
-	if _, err := s.removeHeads(ctx, s.q.ackUnparks, s.q.ack, p.IDs, p.WorkerID); err != nil {
+	if _, err := s.removeHeads(ctx, s.q.ackUnparks, p.IDs, s.q.ack, p.IDs, p.WorkerID); err != nil {
 		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return nil
@@ -405,73 +426,43 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 // DeadLetter implements [storage.Storage].
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
 	unpark := s.q.ackUnparks && !s.q.deadKeeps
-	if _, err := s.removeHeads(ctx, unpark, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
+	if _, err := s.removeHeads(ctx, unpark, []int64{p.ID}, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
 		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
 	}
 	return nil
 }
 
-// removeHeads runs a write-back that may remove the heads of keys: it
-// returns their keys, one row each, and removeHeads how many rows it
-// returned. With unpark it runs in a transaction that then unparks the next
-// row of each of those keys, in a second statement whose snapshot is taken
-// after the write-back's locks (see the note on locks in buildQueries). Two
-// round trips: BEGIN and the write-back, then the unpark and COMMIT.
-func (s *Storage) removeHeads(ctx context.Context, unpark bool, sql string, args ...any) (int, error) {
+// removeHeads runs a write-back that may remove heads of keys, rows ids
+// among args[0]; with unpark it first locks those rows and unparks the next
+// row of each of their keys (see lock and unpark in buildQueries). The
+// three statements go as one batch: one round trip, one implicit
+// transaction, each statement with its own snapshot. It returns how many
+// rows the write-back changed.
+func (s *Storage) removeHeads(ctx context.Context, unpark bool, ids any, sql string, args ...any) (int64, error) {
 	if !unpark {
-		rows, err := s.pool.Query(ctx, sql, args...)
-		if err != nil {
-			return 0, err
-		}
-		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		return len(keys), err
+		tag, err := s.pool.Exec(ctx, sql, args...)
+		return tag.RowsAffected(), err
 	}
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Release()
-	ok := false
-	defer func() {
-		if !ok {
-			// A connection left inside a transaction must not go back to
-			// the pool.
-			if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
-				_ = conn.Conn().Close(context.WithoutCancel(ctx))
-			}
-		}
-	}()
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue(s.q.lock, ids)
+	b.Queue(s.q.unpark, ids)
 	b.Queue(sql, args...)
-	br := conn.SendBatch(ctx, b)
-	_, err = br.Exec()
-	var keys []string
-	if err == nil {
-		var rows pgx.Rows
-		rows, err = br.Query()
-		if err == nil {
-			keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		}
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close() //nolint:errcheck // the results are read and checked below; Close would repeat their error
+	if _, err := br.Exec(); err != nil {
+		return 0, fmt.Errorf("lock the rows: %w", err)
 	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+	if _, err := br.Exec(); err != nil {
+		return 0, fmt.Errorf("unpark the rows behind them: %w", err)
 	}
+	tag, err := br.Exec()
 	if err != nil {
 		return 0, err
 	}
-	n := len(keys)
-	keys = slices.DeleteFunc(keys, func(k string) bool { return k == "" })
-	b = &pgx.Batch{}
-	if len(keys) > 0 {
-		b.Queue(s.q.unpark, keys)
+	if err := br.Close(); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
 	}
-	b.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return 0, fmt.Errorf("unpark the next rows of %d keys: %w", len(keys), err)
-	}
-	ok = true
-	return n, nil
+	return tag.RowsAffected(), nil
 }
 
 // Extend implements [storage.Storage].

@@ -146,11 +146,11 @@ func TestCreateSchemaIsIdempotentAndLongNamesWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The outbox table's primary key and walk, key, delivered, dead,
+	// The outbox table's primary key and walk, key, parked, delivered, dead,
 	// dead-key and dead-id indexes; the lease, skipped and migrations
 	// tables' primary keys; the delivered table's index.
-	if n != 11 {
-		t.Fatalf("%d indexes, want 11", n)
+	if n != 12 {
+		t.Fatalf("%d indexes, want 12", n)
 	}
 	insert(t, s, recs("a", "")...)
 	if got := claim(t, s, "w", 10, time.Minute); len(got) != 2 {

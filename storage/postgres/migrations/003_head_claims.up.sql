@@ -37,6 +37,10 @@ CREATE INDEX IF NOT EXISTS {name:walk_idx} ON {table} (due_at, id) WHERE status 
 -- the key index, which answers in one step whatever the key, is its choice.
 ALTER TABLE {table} ALTER COLUMN key SET (n_distinct = -0.5);
 
+-- The parked rows of a key: a write-back that removes a key's head looks
+-- here first, and only for a key with parked rows for the row to unpark.
+CREATE INDEX IF NOT EXISTS {name:parked_idx} ON {table} (key, id) WHERE status = 'pending' AND parked;
+
 DROP INDEX IF EXISTS {rel:pending_idx};
 DROP INDEX IF EXISTS {rel:rescheduled_idx};
 DROP INDEX IF EXISTS {rel:failed_key_idx};
