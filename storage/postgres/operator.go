@@ -219,7 +219,7 @@ func (s *Storage) Skip(ctx context.Context, params storage.SkipParams) error {
     RETURNING id, uuid, topic, key, payload, metadata, created_at, attempts, last_error)
 INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
 SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d`, s.table, s.skipped)
-	skipped, err := s.removeHeads(ctx, s.StrictOrdering(), []int64{params.ID}, q, params.ID, params.Reason)
+	skipped, err := s.writeBack(ctx, s.StrictOrdering(), []int64{params.ID}, q, params.ID, params.Reason)
 	if err != nil {
 		return fmt.Errorf("skip outbox record %d of %s: %w", params.ID, s.table, err)
 	}

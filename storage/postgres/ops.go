@@ -138,7 +138,7 @@ func buildQueries(t, leases, delivered string, c Config) queries {
 		// followers unparked. (Locks taken SKIP LOCKED never wait, so their
 		// order does not matter.)
 		//
-		// n, f: each keyed head brings the pending rows that follow it in
+		// w, sh, n, f: each keyed head brings the pending rows that follow it in
 		// its key, parked or not, as long as they are ready and not leased:
 		// as many as the walk met, plus an even share of what the heads and
 		// those leave of the batch (the rows of a key that waited behind
@@ -187,12 +187,15 @@ pk AS (
           FOR UPDATE OF x SKIP LOCKED) x
     WHERE o.id = x.id
     RETURNING o.id),
-n AS MATERIALIZED (
-    SELECT h.id, h.key, h.last_error, count(c.id) AS walked
-    FROM h LEFT JOIN c ON c.blocker = h.id
-    GROUP BY h.id, h.key, h.last_error),
+w AS MATERIALIZED (
+    SELECT c.blocker AS id, count(*) AS walked FROM c WHERE c.blocker = ANY(ARRAY(SELECT id FROM h)) GROUP BY c.blocker),
 sh AS MATERIALIZED (
-    SELECT GREATEST($1 - count(*) - sum(walked)::bigint, 0) / GREATEST(count(*), 1) AS share FROM n),
+    SELECT GREATEST($1 - (SELECT count(*) FROM h) - (SELECT COALESCE(sum(walked), 0)::bigint FROM w), 0)
+        / GREATEST((SELECT count(*) FROM h), 1) AS share),
+n AS MATERIALIZED (
+    SELECT h.id, h.key, h.last_error, COALESCE(w.walked, 0) + (SELECT share FROM sh) AS follow
+    FROM h LEFT JOIN w ON w.id = h.id
+    WHERE h.key <> '' AND COALESCE(w.walked, 0) + (SELECT share FROM sh) > 0),
 f AS MATERIALIZED (
     SELECT r.id FROM n h CROSS JOIN LATERAL (
         SELECT q.id, bool_and(q.ok) OVER (ORDER BY q.id) AS run FROM (
@@ -200,8 +203,8 @@ f AS MATERIALIZED (
             FROM %[1]s p
             WHERE p.key = h.key AND p.key <> '' AND p.status = 'pending' AND p.id > h.id
             ORDER BY p.key, p.id
-            LIMIT h.walked + (SELECT share FROM sh)) q) r
-    WHERE h.key <> ''%[8]s AND r.run),
+            LIMIT h.follow) q) r
+    WHERE r.run%[8]s),
 b AS MATERIALIZED (
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
     WHERE o.id = ANY(ARRAY(SELECT id FROM f)) AND o.status = 'pending'
@@ -238,19 +241,29 @@ FROM ins JOIN c ON c.id = ins.id
 ORDER BY c.id`, t, ready("o"), leased("o"), takeLease("c"))
 	}
 
-	// The claim walks the walk index in (due_at, id) order and stops after
-	// $1 rows. With statistics from when the table held few pending rows
-	// (a backlog that grew faster than autovacuum's ANALYZE: right after an
-	// outage, or a fresh table) the planner reads every due row and sorts
-	// them instead: 40 ms instead of under 10 for 1000 rows over a 30k
-	// backlog, and growing with it (TestClaimPlanWithStaleStatistics). So
-	// the claim runs with sorting off, for its own transaction only (the
-	// settings and the claim go as one batch, one round trip, which the
-	// server runs as one implicit transaction); its other sorts are of a
-	// batch at most. A plan node the settings disable costs 1e10 in the
-	// planner's arithmetic, far above jit_above_cost, and compiling the
-	// claim with LLVM takes hundreds of milliseconds: JIT is off too.
-	q.plan = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
+	// Every statement runs with sorting and sequential scans off, for its
+	// own transaction only (the settings and the statements go as one
+	// batch, one round trip, which the server runs as one implicit
+	// transaction), and without JIT:
+	//
+	//   - the claim walks the walk index in (due_at, id) order and stops
+	//     after $1 rows. With statistics from when the table held few
+	//     pending rows (a backlog that grew faster than autovacuum's
+	//     ANALYZE: right after an outage, or a fresh table) the planner
+	//     reads every due row and sorts them instead: 40 ms instead of
+	//     under 10 for 1000 rows over a 30k backlog, and growing with it
+	//     (TestClaimPlanWithStaleStatistics). Its other sorts are of a
+	//     batch at most.
+	//   - write-backs read the rows of a batch by id; with the same stale
+	//     statistics the planner scans the whole table for them (14 ms for
+	//     1000 rows of a 20k backlog, in the benchmark's drain).
+	//   - a plan node the settings disable costs 1e10 in the planner's
+	//     arithmetic, far above jit_above_cost, and compiling a statement
+	//     with LLVM takes hundreds of milliseconds.
+	//
+	// Rows are locked in the order the statements' ORDER BY gives, not in
+	// whatever order a plan reads them: the settings are about speed only.
+	q.plan = "SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
 
 	// A claim's rows that could not go out whole: the lease is given back
 	// as it was (run out, attempt not counted).
@@ -266,7 +279,7 @@ WHERE id = ANY($1) AND leased_by = $2`, leases)
 		return fmt.Sprintf(`WITH m AS (SELECT id FROM %[1]s WHERE id %[3]s AND status = 'pending' ORDER BY id FOR UPDATE),
 l AS (
     DELETE FROM %[2]s x WHERE x.id = ANY(ARRAY(
-        SELECT y.id FROM %[2]s y WHERE y.id IN (SELECT id FROM m) AND y.leased_by = $2 ORDER BY y.id FOR UPDATE))
+        SELECT y.id FROM %[2]s y WHERE y.id = ANY(ARRAY(SELECT id FROM m)) AND y.leased_by = $2 ORDER BY y.id FOR UPDATE))
     RETURNING x.id, x.attempts)`, t, leases, ids)
 	}
 
@@ -398,7 +411,7 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 	if len(p.IDs) == 0 {
 		return nil
 	}
-	if _, err := s.removeHeads(ctx, s.q.ackUnparks, p.IDs, s.q.ack, p.IDs, p.WorkerID); err != nil {
+	if _, err := s.writeBack(ctx, s.q.ackUnparks, p.IDs, s.q.ack, p.IDs, p.WorkerID); err != nil {
 		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return nil
@@ -406,7 +419,7 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 
 // Nack implements [storage.Storage].
 func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
-	if _, err := s.pool.Exec(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt); err != nil {
+	if _, err := s.writeBack(ctx, false, nil, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt); err != nil {
 		return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
 	}
 	return nil
@@ -417,7 +430,7 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 	if len(p.IDs) == 0 {
 		return nil
 	}
-	if _, err := s.pool.Exec(ctx, s.q.release, p.IDs, p.WorkerID, p.RetryAt); err != nil {
+	if _, err := s.writeBack(ctx, false, nil, s.q.release, p.IDs, p.WorkerID, p.RetryAt); err != nil {
 		return fmt.Errorf("release %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return nil
@@ -426,34 +439,38 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 // DeadLetter implements [storage.Storage].
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
 	unpark := s.q.ackUnparks && !s.q.deadKeeps
-	if _, err := s.removeHeads(ctx, unpark, []int64{p.ID}, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
+	if _, err := s.writeBack(ctx, unpark, []int64{p.ID}, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
 		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
 	}
 	return nil
 }
 
-// removeHeads runs a write-back that may remove heads of keys, rows ids
-// among args[0]; with unpark it first locks those rows and unparks the next
-// row of each of their keys (see lock and unpark in buildQueries). The
-// three statements go as one batch: one round trip, one implicit
-// transaction, each statement with its own snapshot. It returns how many
-// rows the write-back changed.
-func (s *Storage) removeHeads(ctx context.Context, unpark bool, ids any, sql string, args ...any) (int64, error) {
-	if !unpark {
-		tag, err := s.pool.Exec(ctx, sql, args...)
-		return tag.RowsAffected(), err
-	}
+// writeBack runs a write-back after the planner settings (see plan in
+// buildQueries). With unpark set (ids: the rows whose heads the write-back
+// may remove) it first locks those rows and unparks the next row of each of
+// their keys (see lock and unpark). The statements go as one batch: one
+// round trip, one implicit transaction, each statement with its own
+// snapshot. It returns how many rows the write-back changed.
+func (s *Storage) writeBack(ctx context.Context, unpark bool, ids any, sql string, args ...any) (int64, error) {
 	b := &pgx.Batch{}
-	b.Queue(s.q.lock, ids)
-	b.Queue(s.q.unpark, ids)
+	b.Queue(s.q.plan)
+	if unpark {
+		b.Queue(s.q.lock, ids)
+		b.Queue(s.q.unpark, ids)
+	}
 	b.Queue(sql, args...)
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close() //nolint:errcheck // the results are read and checked below; Close would repeat their error
 	if _, err := br.Exec(); err != nil {
-		return 0, fmt.Errorf("lock the rows: %w", err)
+		return 0, fmt.Errorf("planner settings: %w", err)
 	}
-	if _, err := br.Exec(); err != nil {
-		return 0, fmt.Errorf("unpark the rows behind them: %w", err)
+	if unpark {
+		if _, err := br.Exec(); err != nil {
+			return 0, fmt.Errorf("lock the rows: %w", err)
+		}
+		if _, err := br.Exec(); err != nil {
+			return 0, fmt.Errorf("unpark the rows behind them: %w", err)
+		}
 	}
 	tag, err := br.Exec()
 	if err != nil {
