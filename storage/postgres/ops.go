@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,17 +44,14 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// with strict ordering a fenced row therefore holds back the later rows
 	// of its key that its claim walks (each walk is in id order, so those
 	// come after it): blocked is true from a key's first fenced row on.
-	xmin, fenceOpen, fenceClose := "", "", ""
-	fenceCol := func(string) string { return "" }
+	xmin, fenceOpen, fenceCol, fenceClose := "", "", "", ""
 	if fence {
 		xmin = ", pg_snapshot_xmin(pg_current_snapshot()) AS x"
 		fenceOpen = `
             SELECT * FROM (SELECT w.*, bool_or(NOT w.ok) OVER (
                 PARTITION BY CASE WHEN w.key = '' THEN w.id::text ELSE w.key END ORDER BY w.id) AS blocked FROM (`
+		fenceCol = ",\n            (o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk)) AS ok"
 		fenceClose = ") w) b WHERE NOT b.blocked"
-		fenceCol = func(a string) string {
-			return fmt.Sprintf(",\n            (%[1]s.created_xid IS NULL OR %[1]s.created_xid < (SELECT x FROM clk)) AS ok", a)
-		}
 	}
 	hold := ""
 	if strict {
@@ -175,7 +171,22 @@ SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_err
 		// per key never rests on every row of a key having the same slot
 		// (it would not, should hashtext change under a pg_upgrade with rows
 		// pending).
-		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[16]s),
+		//
+		// walk is one walk over the pending index: the rows of a slot range
+		// that are due, not leased and not held back, in id order, at most
+		// $1 (with CommitFence, up to the first fenced row of each key).
+		walk := func(slots string) string {
+			return fmt.Sprintf(`%[1]s
+        SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
+            (SELECT m FROM ls) ? o.id::text AS expired%[2]s
+        FROM %[3]s o
+        WHERE o.status = 'pending' AND o.slot BETWEEN %[4]s AND %[5]s
+          AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
+          AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
+        ORDER BY o.id
+        LIMIT $1%[6]s`, fenceOpen, fenceCol, t, slots, due, fenceClose)
+		}
+		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[14]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
     VALUES ($2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond'))
@@ -193,32 +204,11 @@ ls AS MATERIALIZED (
     FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
 hm AS MATERIALIZED (SELECT %[4]s AS m),
 c AS MATERIALIZED (
-    SELECT id, uuid, topic, key, payload, metadata, attempts, created_at, expired FROM (%[12]s
-        SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-            (SELECT m FROM ls) ? o.id::text AS expired%[13]s
-        FROM %[1]s o
-        WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own) AND %[3]s
-          AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
-          AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
-        ORDER BY o.id
-        LIMIT $1%[14]s) mine
+    SELECT * FROM (%[11]s) mine
     UNION ALL
-    SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-        (SELECT m FROM ls) ? o.id::text
-    FROM (
-        SELECT id, uuid, topic, key, payload, metadata, attempts, created_at, due_at FROM (%[12]s
-            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at%[15]s
-            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN 0 AND (SELECT lo FROM own) - 1 AND %[11]s
-              AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
-              AND (p.key = '' OR p.id < COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807))
-            ORDER BY p.id LIMIT $1%[14]s) below
-        UNION ALL
-        SELECT id, uuid, topic, key, payload, metadata, attempts, created_at, due_at FROM (%[12]s
-            SELECT p.id, p.uuid, p.topic, p.key, p.payload, p.metadata, p.attempts, p.created_at, p.due_at%[15]s
-            FROM %[1]s p WHERE p.status = 'pending' AND p.slot BETWEEN (SELECT hi FROM own) + 1 AND %[9]d - 1 AND %[11]s
-              AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
-              AND (p.key = '' OR p.id < COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807))
-            ORDER BY p.id LIMIT $1%[14]s) above) o
+    SELECT * FROM (%[12]s) below
+    UNION ALL
+    SELECT * FROM (%[13]s) above
     LIMIT $1),
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
@@ -231,7 +221,8 @@ ins AS (
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
 FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
-			strings.ReplaceAll(due, "o.", "p."), fenceOpen, fenceCol("o"), fenceClose, fenceCol("p"), xmin)
+			walk("(SELECT lo FROM own) AND (SELECT hi FROM own)"), walk("0 AND (SELECT lo FROM own) - 1"),
+			walk(fmt.Sprintf("(SELECT hi FROM own) + 1 AND %d", slotCount-1)), xmin)
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather
