@@ -305,12 +305,15 @@ func readCatalog(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, nsp string, names []string) (pgCatalog, error) {
 	c := pgCatalog{columns: map[string][]pgColumn{}, indexes: map[string]pgIndex{}}
-	rows, err := q.Query(ctx, `SELECT c.relname::text, a.attname::text, format_type(a.atttypid, a.atttypmod)`+ //nolint:rowserrcheck // pgx.ForEachRow below closes rows and returns rows.Err()
-		`
+	columnsSQL := `SELECT c.relname::text, a.attname::text, format_type(a.atttypid, a.atttypmod)
 FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
-WHERE c.relnamespace = `+nsp+` AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
+WHERE c.relnamespace = ` + nsp + ` AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
     AND ($1::text[] IS NULL OR c.relname = ANY($1::text[]))
-ORDER BY c.relname, a.attnum`, names)
+ORDER BY c.relname, a.attnum`
+	indexesSQL := `SELECT t.relname::text, c.relname::text, pg_get_indexdef(i.indexrelid, 0, true)
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
+WHERE t.relnamespace = ` + nsp + ` AND t.relkind IN ('r', 'p') AND ($1::text[] IS NULL OR t.relname = ANY($1::text[]))`
+	rows, err := q.Query(ctx, columnsSQL, names) //nolint:rowserrcheck // pgx.ForEachRow closes rows and returns rows.Err()
 	if err != nil {
 		return c, err
 	}
@@ -325,10 +328,7 @@ ORDER BY c.relname, a.attnum`, names)
 	if err != nil {
 		return c, err
 	}
-	rows, err = q.Query(ctx, `SELECT t.relname::text, c.relname::text, pg_get_indexdef(i.indexrelid, 0, true)`+ //nolint:rowserrcheck // pgx.ForEachRow below closes rows and returns rows.Err()
-		`
-FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
-WHERE t.relnamespace = `+nsp+` AND t.relkind IN ('r', 'p') AND ($1::text[] IS NULL OR t.relname = ANY($1::text[]))`, names)
+	rows, err = q.Query(ctx, indexesSQL, names) //nolint:rowserrcheck // pgx.ForEachRow closes rows and returns rows.Err()
 	if err != nil {
 		return c, err
 	}
