@@ -94,8 +94,10 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 // Redrive implements [storage.Maintainer]: the selected dead-lettered rows go
 // back to pending, due now, with attempts 0 and no error.
 func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, error) {
-	set := fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL,
-    due_at = now(), dead_at = NULL
+	// The rows of their keys parked behind them are set free too (see the
+	// claim): a re-driven record goes out first, then the rest of its key.
+	set := fmt.Sprintf(`WITH d AS (UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL,
+    due_at = now(), dead_at = NULL, hold = NULL
 WHERE status = 'dead' AND `, s.table)
 	if err := p.Validate(); err != nil {
 		return 0, fmt.Errorf("redrive outbox rows: %w", err)
@@ -112,9 +114,10 @@ WHERE status = 'dead' AND `, s.table)
 	default:
 		q, args = set+"topic = $1", []any{p.Topic}
 	}
-	tag, err := s.pool.Exec(ctx, q, args...)
-	if err != nil {
+	var n int64
+	q += " RETURNING key),\nu AS (" + s.q.unpark + ")\nSELECT count(*) FROM d"
+	if err := s.pool.QueryRow(ctx, q, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("redrive outbox rows in %s: %w", s.table, err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }

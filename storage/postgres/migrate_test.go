@@ -229,16 +229,25 @@ func TestMigrateUpgradeFromVersion1(t *testing.T) {
 			// behind it; c1 waiting for a retry, c2 behind it; k keyless.
 			ids := insert(t, s, recs("a", "a", "b", "c", "")...)
 			a1, a2, b1, c1 := ids[0], ids[1], ids[2], ids[3]
-			got := claim(t, s, "old", 10, time.Hour)
-			if len(got) != 5 {
-				t.Fatalf("claimed %v", idsOf(got))
+			// Claims and write-backs as the old versions made them (this
+			// code's need the columns of later steps).
+			exec := func(q string, args ...any) {
+				t.Helper()
+				_, err := s.pool.Exec(ctx, q, args...)
+				must(t, err)
 			}
-			must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{a1, ids[4]}, WorkerID: "old"}))
+			exec(fmt.Sprintf(`INSERT INTO %s (id, key, leased_by, leased_until, attempts)
+SELECT id, key, 'old', now() + interval '1 hour', 1 FROM %s`, s.leases, s.table))
+			exec(fmt.Sprintf(`WITH l AS (DELETE FROM %s WHERE id = ANY($1) RETURNING id, attempts),
+d AS (DELETE FROM %s o USING l WHERE o.id = l.id RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts)
+INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts) SELECT id, uuid, topic, key, created_at, now(), attempts FROM d`,
+				s.leases, s.table, s.delivered), []int64{a1, ids[4]})
 			// A dead-letter as version 1 wrote it (it had no dead_at).
-			_, err = s.pool.Exec(ctx, fmt.Sprintf(`WITH l AS (DELETE FROM %s WHERE id = $1 RETURNING id, attempts)
+			exec(fmt.Sprintf(`WITH l AS (DELETE FROM %s WHERE id = $1 RETURNING id, attempts)
 UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = 'poison' FROM l WHERE o.id = l.id`, s.leases, s.table), a2)
-			must(t, err)
-			must(t, s.Nack(ctx, storage.NackParams{ID: c1, WorkerID: "old", Error: "later", RetryAt: time.Now().Add(300 * time.Millisecond)}))
+			exec(fmt.Sprintf(`WITH l AS (DELETE FROM %s WHERE id = $1 RETURNING id, attempts)
+UPDATE %s o SET attempts = l.attempts, last_error = 'later', due_at = clock_timestamp() + interval '300 milliseconds' FROM l WHERE o.id = l.id`,
+				s.leases, s.table), c1)
 			more := insert(t, s, recs("a", "a", "b", "b", "c", "")...)
 			before := dumpRows(t, s)
 

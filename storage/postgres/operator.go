@@ -11,32 +11,12 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
-// holdDeadRows is what [Config.HoldOnDeadLetter] adds to the strict claim's
-// hold map (key -> the lowest id of the key that is not claimable; see
-// buildQueries): every dead keyed row, which holds its key from its own id
-// on, and every pending keyed row that failed before (a nack left its
-// error), which holds the rows after it (id + 1: it is claimable itself, the
-// later rows of its key wait until it is delivered), so that a forwarder
-// never holds a record of a key together with the failed head it may
-// dead-letter. Both read a partial index of their own (dead_key_idx,
-// failed_key_idx), which holds only those rows.
-func holdDeadRows(t string, hold bool) string {
-	if !hold {
-		return ""
-	}
-	return fmt.Sprintf(`
-            UNION ALL
-            SELECT d.key, d.id FROM %[1]s d WHERE d.status = 'dead' AND d.key <> ''
-            UNION ALL
-            SELECT f.key, f.id + 1 FROM %[1]s f
-            WHERE f.status = 'pending' AND f.key <> '' AND f.last_error IS NOT NULL`, t)
-}
-
 // heldKeysSQL lists (or counts) the held keys. Parameters: $1 list keys
 // after this one, $2 the most keys (listing only). A key's head is its lowest
 // unclaimable id: a live lease, a row waiting for its retry, or with
 // HoldOnDeadLetter a dead row. Those rows come from the lease table (the
-// rows in flight), the rescheduled index and the dead_key index, so the
+// rows in flight), the held index (rows waiting for a retry) and the
+// dead_key index, so the
 // query reads no pending row but the heads and, per head, the key_idx entries
 // of the rows behind it. A key is held when its head is dead or has pending
 // rows behind it.
@@ -63,7 +43,7 @@ func (s *Storage) heldKeysSQL(count bool) string {
             SELECT l.key, l.id FROM %[2]s l WHERE l.leased_until > now() AND l.key <> '' AND l.key > $1
             UNION ALL
             SELECT e.key, e.id FROM %[1]s e
-            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > now() AND e.key > $1%[3]s
+            WHERE e.status = 'pending' AND e.hold = 'retry' AND e.key <> '' AND e.key > $1%[3]s
         ) u GROUP BY u.key) h
     JOIN %[1]s o ON o.id = h.id
     LEFT JOIN %[2]s l ON l.id = o.id AND l.leased_until > now()) k
@@ -235,16 +215,39 @@ func (s *Storage) Skip(ctx context.Context, params storage.SkipParams) error {
 	if params.Reason == "" {
 		return fmt.Errorf("skip outbox record %d: SkipParams.Reason is required (it is the audit record)", params.ID)
 	}
-	tag, err := s.pool.Exec(ctx, fmt.Sprintf(`WITH d AS (
+	// The rows of its key parked behind the dead record are set free (see
+	// the claim), under the claim lock: a claim running meanwhile could
+	// otherwise park a row behind the record this statement removes, after
+	// the statement looked.
+	q := fmt.Sprintf(`WITH d AS (
     DELETE FROM %s WHERE id = $1 AND status = 'dead'
-    RETURNING id, uuid, topic, key, payload, metadata, created_at, attempts, last_error)
-INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
-SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d`, s.table, s.skipped),
-		params.ID, params.Reason)
+    RETURNING id, uuid, topic, key, payload, metadata, created_at, attempts, last_error),
+i AS (
+    INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
+    SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d),
+u AS (%s)
+SELECT count(*) FROM d`, s.table, s.skipped, s.q.unpark)
+	b := &pgx.Batch{}
+	if !s.config.DisableStrictOrdering {
+		b.Queue(s.q.writePlanLock, s.table)
+	}
+	b.Queue(q, params.ID, params.Reason)
+	br := s.pool.SendBatch(ctx, b)
+	if !s.config.DisableStrictOrdering {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close() // the error above is the one to report
+			return fmt.Errorf("skip outbox record %d of %s: claim lock: %w", params.ID, s.table, err)
+		}
+	}
+	var n int64
+	err := br.QueryRow().Scan(&n)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return fmt.Errorf("skip outbox record %d of %s: %w", params.ID, s.table, err)
 	}
-	if tag.RowsAffected() == 1 {
+	if n == 1 {
 		return nil
 	}
 	info, err := s.Record(ctx, params.ID)

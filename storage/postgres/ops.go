@@ -27,7 +27,7 @@ type queries struct {
 	claim, ack, nack, release, deadLetter string
 	plan, planLock, leave, join           string
 	writePlan, writePlanLock              string
-	extend                                string
+	extend, wake, unpark                  string
 }
 
 func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead, fence bool) queries {
@@ -53,34 +53,54 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 		fenceCol = ",\n            (o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk)) AS ok"
 		fenceClose = ") w) b WHERE NOT b.blocked"
 	}
-	hold := ""
-	if strict {
-		// Held back: an earlier pending row of the same key that is not
-		// claimable now. The statement's snapshot is taken after the advisory
-		// lock was granted by the previous statement of the batch, so it sees
-		// every committed claim.
-		//
-		// Only a leased row (in the lease table) or a row rescheduled past its
-		// creation (due_at > created_at: due_at > now() >= created_at) can be
-		// unclaimable. The InitPlan reads both once per claim (the lease table
-		// holds only the rows in flight; the partial rescheduled index only
-		// the rows waiting for a retry) into a map key -> the lowest unclaimable id of that
-		// key, and a candidate is held back when its key maps to a lower id.
-		// Each candidate then costs one map lookup, however many rows of its
-		// key are pending.
-		//
-		// The visibility delay needs no clause here: created_at is taken at
-		// insert (clock_timestamp), so an earlier id is never younger than a
-		// row that is old enough to claim.
-		hold = fmt.Sprintf(`(SELECT jsonb_object_agg(h.key, h.first) FROM (
-        SELECT u.key, min(u.id) AS first FROM (
-            SELECT l.key, l.id FROM %[2]s l
-            WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''
-            UNION ALL
-            SELECT e.key, e.id FROM %[1]s e
-            WHERE e.status = 'pending' AND e.key <> '' AND e.due_at > e.created_at AND e.due_at > (SELECT t FROM clk)%[3]s
-        ) u GROUP BY u.key) h)`, t, leases, holdDeadRows(t, holdDead))
+	// Strict ordering: what holds a row back. In flight: an earlier record
+	// of its key under a live lease (hm, a map key -> the lowest leased id,
+	// read once per claim from the lease table, which holds only the rows in
+	// flight). Held: an earlier record of its key that waits for its retry or
+	// is parked itself (hold set), or with HoldOnDeadLetter is dead or failed
+	// before (a failed record is claimable itself, the records after it wait
+	// until it is delivered). Each is one probe of a partial index that holds
+	// only such rows (held_idx, dead_key_idx, failed_key_idx).
+	//
+	// A row held that way is parked (hold 'behind') by the claim that meets
+	// it, and leaves the walk: the claim then pays for the rows it hands out
+	// and the rows in flight, not for the rows held back, however many. Only
+	// a claim parks (under the advisory lock), and only behind a record that
+	// nothing but a claim, or an operator's Skip under the same lock, can set
+	// free: a waiting or parked record, a dead one. Never behind a live lease
+	// (its owner's ack, which takes no lock, could miss the parked row): rows
+	// behind a record in flight are walked, not parked.
+	//
+	// The visibility delay needs no clause here: created_at is taken at
+	// insert (clock_timestamp), so an earlier id is never younger than a row
+	// that is old enough to claim.
+	held := func(a string) string {
+		q := fmt.Sprintf(`EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.hold IS NOT NULL AND e.key = %[2]s.key AND e.id < %[2]s.id)`, t, a)
+		if holdDead {
+			q += fmt.Sprintf(`
+              OR EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'dead' AND e.key <> '' AND e.key = %[2]s.key AND e.id < %[2]s.id)
+              OR EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.key <> '' AND e.last_error IS NOT NULL AND e.key = %[2]s.key AND e.id < %[2]s.id)`, t, a)
+		}
+		return "(" + q + ")"
 	}
+	// anyHeld: is any row held at all? Read once per statement, it spares
+	// the probes above (and the parking walk) when nothing is held.
+	anyHeld := fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND hold IS NOT NULL)`, t)
+	if holdDead {
+		anyHeld += fmt.Sprintf(`
+    OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'dead' AND key <> '')
+    OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending' AND key <> '' AND last_error IS NOT NULL)`, t)
+	}
+	// unpark sets free the parked rows of the keys in d (a write-back's
+	// delivered or dead-lettered rows), the first 1000 of each key in id
+	// order: the delivery of those sets free the next ones. Setting a row
+	// free never breaks order (a claim checks it again), so a parked row
+	// that is still held is only parked again.
+	unpark := fmt.Sprintf(`UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id = ANY(ARRAY(
+    SELECT b.id FROM (SELECT DISTINCT d.key FROM d WHERE d.key <> '' AND %[2]s) k
+    CROSS JOIN LATERAL (
+        SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.hold IS NOT NULL AND b.key = k.key AND b.hold = 'behind'
+        ORDER BY b.id LIMIT 1000) b))`, t, fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND hold IS NOT NULL)`, t))
 	// Every write-back deletes the worker's lease and updates the outbox row
 	// in one statement: the lease is the fence (a lease taken over by another
 	// worker has another leased_by, so the write-back matches nothing), and
@@ -127,6 +147,61 @@ SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_err
 	if deleteOnAck {
 		ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	}
+	deadLetter := fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	nack := fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = l.attempts, last_error = $3, due_at = $4,
+    hold = CASE WHEN $4::timestamptz > clock_timestamp() THEN 'retry' END
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	release := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
+    hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry' END
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	if strict {
+		// A nack that holds its key (a retry later, or a failure that
+		// holds the key's later records with HoldOnDeadLetter) parks the
+		// rows behind it at once, the first 100000 not in flight (a claim
+		// parks any others it meets): an outage parks each row once, when
+		// its key's head fails, not in the claims that follow. Under the
+		// claim lock, like every parking (see writeBack).
+		holds := "n.hold IS NOT NULL"
+		if holdDead {
+			holds = "true"
+		}
+		nack = fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`, n AS (
+    UPDATE %[1]s o SET attempts = l.attempts, last_error = $3, due_at = $4,
+        hold = CASE WHEN $4::timestamptz > clock_timestamp() THEN 'retry' END
+    FROM l WHERE o.id = l.id AND o.status = 'pending'
+    RETURNING o.id, o.key, o.hold)
+UPDATE %[1]s f SET hold = 'behind'
+WHERE f.status = 'pending' AND f.hold IS NULL AND f.id = ANY(ARRAY(
+    SELECT b.id FROM n CROSS JOIN LATERAL (
+        SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.key <> '' AND b.key = n.key AND b.id > n.id
+        ORDER BY b.id LIMIT 100000) b
+    WHERE n.key <> '' AND %[3]s))
+  AND NOT EXISTS (SELECT 1 FROM %[2]s x WHERE x.id = f.id AND x.leased_until > clock_timestamp())`, t, leases, holds)
+		// Released rows behind a held record are parked at once.
+		release = fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
+    hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry' WHEN o.key <> '' AND %s THEN 'behind' END
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, held("o"))
+		// A delivered record sets free the rows parked behind it, and so
+		// does a dead one unless dead records hold their key.
+		ack = fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
+    DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
+    RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error),
+i AS (
+    INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
+    SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d)
+%s`, t, delivered, unpark)
+		if deleteOnAck {
+			ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`, d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.key)
+%s`, t, unpark)
+		}
+		if !holdDead {
+			deadLetter = fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
+    UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
+    FROM l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.key)
+%s`, t, unpark)
+		}
+	}
 	// leases maps every lease row's id to whether it is live at the claim's
 	// clock reading.
 	leaseMap := fmt.Sprintf(`(SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') FROM %s x WHERE x.id >= (SELECT id FROM head))`, leases)
@@ -138,7 +213,7 @@ SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_err
 	// scanned whole. (The slot condition, always true, makes the pending
 	// index the one to read; see the claim without strict ordering.)
 	head := fmt.Sprintf(`head AS MATERIALIZED (SELECT COALESCE((SELECT o.id FROM %s o
-    WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT 0) AND (SELECT %d) ORDER BY o.id LIMIT 1), 0) AS id),`, t, slotCount-1)
+    WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN (SELECT 0) AND (SELECT %d) ORDER BY o.id LIMIT 1), 0) AS id),`, t, slotCount-1)
 	leaseUntil := "(SELECT t FROM clk) + $3::bigint * interval '1 microsecond'"
 	var claim string
 	if strict {
@@ -175,17 +250,32 @@ SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_err
 		// walk is one walk over the pending index: the rows of a slot range
 		// that are due, not leased and not held back, in id order, at most
 		// $1 (with CommitFence, up to the first fenced row of each key).
-		walk := func(slots string) string {
+		walk := func(slots string, mine bool) string {
 			return fmt.Sprintf(`%[1]s
         SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-            (SELECT m FROM ls) ? o.id::text AS expired%[2]s
+            (SELECT m FROM ls) ? o.id::text AS expired, %[7]t AS mine%[2]s
         FROM %[3]s o
-        WHERE o.status = 'pending' AND o.slot BETWEEN %[4]s AND %[5]s
+        WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN %[4]s AND %[5]s
           AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
-          AND (o.key = '' OR o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807))
+          AND (o.key = '' OR (o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807)
+              AND (NOT (SELECT g FROM anyheld) OR NOT %[8]s)))
         ORDER BY o.id
-        LIMIT $1%[6]s`, fenceOpen, fenceCol, t, slots, due, fenceClose)
+        LIMIT $1%[6]s`, fenceOpen, fenceCol, t, slots, due, fenceClose, mine, held("o"))
 		}
+		// park: the held rows of the claimer's own slots that its walk
+		// passed (up to the last row it took, or all of them when it did not
+		// fill the batch), 100000 at most. (The CASE keeps the check a probe
+		// per row, as in the walk, rather than a join with every held row.)
+		park := fmt.Sprintf(`park AS (
+    UPDATE %[1]s parked SET hold = 'behind' WHERE parked.status = 'pending' AND parked.hold IS NULL AND parked.id = ANY(ARRAY(
+        SELECT p.id FROM %[1]s p
+        WHERE (SELECT g FROM anyheld) AND p.status = 'pending' AND p.hold IS NULL AND p.key <> ''
+          AND p.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)
+          AND p.id <= (SELECT CASE WHEN count(*) < $1 THEN 9223372036854775807 ELSE max(c.id) END FROM c WHERE c.mine)
+          AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
+          AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
+        ORDER BY p.id
+        LIMIT 100000))),`, t, held("p"))
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[14]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
@@ -202,7 +292,12 @@ own AS MATERIALIZED (
 ls AS MATERIALIZED (
     SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m
     FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
-hm AS MATERIALIZED (SELECT %[4]s AS m),
+hm AS MATERIALIZED (
+    SELECT jsonb_object_agg(h.key, h.first) AS m FROM (
+        SELECT l.key, min(l.id) AS first FROM %[2]s l
+        WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''
+        GROUP BY l.key) h),
+anyheld AS MATERIALIZED (SELECT %[4]s AS g),
 c AS MATERIALIZED (
     SELECT * FROM (%[11]s) mine
     UNION ALL
@@ -210,6 +305,7 @@ c AS MATERIALIZED (
     UNION ALL
     SELECT * FROM (%[13]s) above
     LIMIT $1),
+%[15]s
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
     WHERE l.id = ANY(ARRAY(SELECT c.id FROM c WHERE c.expired)) AND l.leased_until <= (SELECT t FROM clk)
@@ -220,9 +316,9 @@ ins AS (
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
-FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
-			walk("(SELECT lo FROM own) AND (SELECT hi FROM own)"), walk("0 AND (SELECT lo FROM own) - 1"),
-			walk(fmt.Sprintf("(SELECT hi FROM own) + 1 AND %d", slotCount-1)), xmin)
+FROM a JOIN c ON c.id = a.id`, t, leases, due, anyHeld, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
+			walk("(SELECT lo FROM own) AND (SELECT hi FROM own)", true), walk("0 AND (SELECT lo FROM own) - 1", false),
+			walk(fmt.Sprintf("(SELECT hi FROM own) + 1 AND %d", slotCount-1), false), xmin, park)
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather
@@ -243,7 +339,7 @@ FROM a JOIN c ON c.id = a.id`, t, leases, due, hold, leaseMap, leaseUntil, worke
 %[7]s
 c AS MATERIALIZED (
     SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at FROM %[1]s o
-    WHERE o.status = 'pending' AND o.slot BETWEEN (SELECT 0) AND (SELECT %[6]d) AND %[3]s
+    WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN (SELECT 0) AND (SELECT %[6]d) AND %[3]s
       AND NOT COALESCE((%[4]s -> o.id::text)::boolean, false)
     ORDER BY o.id
     LIMIT $1
@@ -280,15 +376,23 @@ FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotC
 
 		ack: ack,
 
-		nack: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = l.attempts, last_error = $3, due_at = $4
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
+		// A nacked or released row due later waits in the retry index
+		// (hold 'retry') until a claim finds it due: it leaves the walk.
+		nack: nack,
 
 		// Release gives the claim's attempt back.
-		release: fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
+		release: release,
 
-		deadLetter: fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t),
+		// The rows whose retry is due go back to the walk, the 10000 due
+		// first at most per claim. Its own statement, before the claim's, so
+		// that the claim sees them.
+		wake: fmt.Sprintf(`UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'retry' AND id = ANY(ARRAY(
+    SELECT id FROM %[1]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= clock_timestamp()
+    ORDER BY due_at LIMIT 10000 FOR UPDATE SKIP LOCKED))`, t),
+
+		deadLetter: deadLetter,
+
+		unpark: unpark,
 
 		// The claim must walk the pending index in id order and stop after
 		// the batch. With statistics from when the table held few pending
@@ -354,11 +458,15 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	} else {
 		b.Queue(s.q.planLock, s.table)
 	}
+	b.Queue(s.q.wake)
 	b.Queue(s.q.claim, args...)
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close() //nolint:errcheck // the results are read and checked below; Close would repeat their error
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: planner settings or advisory lock: %w", s.table, err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("claim outbox rows from %s: wake the rows due for a retry: %w", s.table, err)
 	}
 	rows, err := br.Query()
 	if err != nil {

@@ -14,6 +14,7 @@ func concurrencyCases() []testCase {
 	return []testCase{
 		{name: "DrainDeliversEachRecordOnce", run: testDrainDeliversEachRecordOnce},
 		{name: "OrderPerKeyUnderRace", strict: true, run: testOrderPerKeyUnderRace},
+		{name: "OrderPerKeyWhileProducing", strict: true, run: testOrderPerKeyWhileProducing},
 	}
 }
 
@@ -261,6 +262,43 @@ func testOrderPerKeyUnderRace(t *testing.T, e *env) {
 		fail:       func(r storage.Record) bool { return r.ID%4 == 0 && r.Attempts == 1 },
 		retryDelay: 20 * time.Millisecond,
 	})
+	checkPublishedOnce(t, all, res.published)
+	checkKeyOrder(t, res.byKey)
+}
+
+// testOrderPerKeyWhileProducing: records keep arriving while the workers
+// drain, fail and retry, so that later records of a key arrive while an
+// earlier one waits for its retry (a storage that sets such records aside
+// must give each back in order, and never leave one behind).
+func testOrderPerKeyWhileProducing(t *testing.T, e *env) {
+	const chunks, per = 30, 20
+	var (
+		mu  sync.Mutex
+		all []int64
+		wg  sync.WaitGroup
+	)
+	wg.Go(func() {
+		for c := range chunks {
+			keys := make([]string, per)
+			for i := range keys {
+				if i%8 != 7 {
+					keys[i] = fmt.Sprintf("key-%d", (c*per+i)%5)
+				}
+			}
+			ids := e.insert(keys...)
+			mu.Lock()
+			all = append(all, ids...)
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	res := e.drain(t, chunks*per, drainConfig{
+		workers:    4,
+		batch:      7,
+		fail:       func(r storage.Record) bool { return r.ID%5 == 0 && r.Attempts == 1 },
+		retryDelay: 30 * time.Millisecond,
+	})
+	wg.Wait()
 	checkPublishedOnce(t, all, res.published)
 	checkKeyOrder(t, res.byKey)
 }
