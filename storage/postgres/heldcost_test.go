@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -130,19 +131,56 @@ func TestClaimCostWithHeldRows(t *testing.T) {
 	}
 	for _, shape := range heldShapes {
 		t.Run(shape, func(t *testing.T) {
-			var base time.Duration
-			for _, n := range sizes {
+			// The claim with none held is measured before and after the
+			// others (the first claims of a process pay for its warm-up),
+			// and the faster of the two is the base.
+			meds := map[int]time.Duration{}
+			for _, n := range append(sizes, 0) {
 				s := newStore(t, Config{})
 				holdRows(t, s, shape, n)
 				first, med := claimCost(t, s)
 				t.Logf("shape=%s held=%d: first claim %s, median %s", shape, n, first, med)
-				switch {
-				case n == 0:
-					base = med
-				case shape != "leased" && med > 3*base+2*time.Millisecond:
+				if m, ok := meds[n]; !ok || med < m {
+					meds[n] = med
+				}
+			}
+			if shape == "leased" {
+				return
+			}
+			base := meds[0]
+			for n, med := range meds {
+				if med > 3*base+2*time.Millisecond {
 					t.Errorf("shape=%s held=%d: median claim %s, more than 3x the %s with none held", shape, n, med, base)
 				}
 			}
 		})
+	}
+}
+
+// TestSweepSetsFreeOrphanedRows: a row parked behind a record that a process
+// of an earlier schema version delivered (its ack sets nothing free) is
+// claimed after the next sweep, and a row parked behind a record that still
+// waits for its retry stays parked.
+func TestSweepSetsFreeOrphanedRows(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	ids := insert(t, s, rec("a"), rec("a"), rec("a"), rec("b"), rec("b"))
+	// a1 delivered as version 3 did it: a2 and a3 stay parked. b1 waits for
+	// its retry, b2 is parked behind it.
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE id = $1`, s.table), ids[0])
+	must(t, err)
+	_, err = s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET hold = 'behind' WHERE id = ANY($1)`, s.table), []int64{ids[1], ids[2], ids[4]})
+	must(t, err)
+	_, err = s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET hold = 'retry', due_at = now() + interval '1 hour' WHERE id = $1`, s.table), ids[3])
+	must(t, err)
+
+	s.nextSweep.Store(math.MaxInt64)
+	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed %v before a sweep: the rows are parked", idsOf(got))
+	}
+	s.nextSweep.Store(0)
+	if got := idsOf(claim(t, s, "w", 10, time.Minute)); !slices.Equal(got, ids[1:3]) {
+		t.Fatalf("claimed %v after a sweep, want %v (a's orphaned rows, not b's parked row)", got, ids[1:3])
 	}
 }

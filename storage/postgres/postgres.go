@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -169,6 +170,10 @@ type Storage struct {
 	skipped   string         // skipped table (skipped records and their audit record), quoted for SQL
 
 	q queries
+
+	// nextSweep is when a claim next looks for parked rows that nothing
+	// holds back (unix nanoseconds; see sweepEvery).
+	nextSweep atomic.Int64
 }
 
 var (
