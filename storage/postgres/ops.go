@@ -10,6 +10,11 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
+// parkChunk is how many rows one statement parks at most (a nack's, a
+// claim's): about half a second of work on a 2-core machine, far inside
+// BookkeepingTimeout however long a key's backlog.
+const parkChunk = 50000
+
 // slotCount is the number of key slots: the slot column of a row is the hash
 // of its key (its id when keyless) modulo slotCount. Up to slotCount
 // claimers get slots of their own.
@@ -27,7 +32,7 @@ type queries struct {
 	claim, ack, nack, release, deadLetter string
 	plan, planLock, leave, join           string
 	writePlan, writePlanLock              string
-	extend, wake, unpark, sweep           string
+	extend, wake, unpark, sweep, parkMore string
 }
 
 func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead, fence bool) queries {
@@ -166,32 +171,52 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	nack := fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = l.attempts, last_error = $3, due_at = $4,
     hold = CASE WHEN $4::timestamptz > clock_timestamp() THEN 'retry' END
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	parkMore := "" // strict ordering only
 	release := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
     hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry' END
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	if strict {
 		// A nack that holds its key (a retry later, or a failure that
 		// holds the key's later records with HoldOnDeadLetter) parks the
-		// rows behind it at once, the first 100000 not in flight (a claim
-		// parks any others it meets): an outage parks each row once, when
-		// its key's head fails, not in the claims that follow. Under the
-		// claim lock, like every parking (see writeBack).
+		// rows behind it at once, parkChunk of them in the nack's statement
+		// and the rest in further statements of parkChunk each (Nack): an
+		// outage parks each row once, when its key's head fails, not in the
+		// claims that follow, and no statement grows with the backlog of a
+		// key. Under the claim lock, like every parking (see writeBack).
+		// Both return the rows they looked at, the last of them, and
+		// whether the head still holds its key.
 		holds := "n.hold IS NOT NULL"
+		headHolds := "h.hold IS NOT NULL"
 		if holdDead {
-			holds = "true"
+			holds, headHolds = "true", "(h.hold IS NOT NULL OR h.last_error IS NOT NULL)"
+		}
+		parkRows := func(from string) string {
+			return fmt.Sprintf(`p AS (
+    UPDATE %[1]s f SET hold = 'behind'
+    WHERE f.status = 'pending' AND f.hold IS NULL AND f.id = ANY(ARRAY(SELECT x.id FROM x))
+      AND NOT EXISTS (SELECT 1 FROM %[2]s y WHERE y.id = f.id AND y.leased_until > clock_timestamp()))
+SELECT (SELECT count(*) FROM x), (SELECT COALESCE(max(x.id), 0) FROM x), %[3]s`, t, leases, from)
 		}
 		nack = fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`, n AS (
     UPDATE %[1]s o SET attempts = l.attempts, last_error = $3, due_at = $4,
         hold = CASE WHEN $4::timestamptz > clock_timestamp() THEN 'retry' END
     FROM l WHERE o.id = l.id AND o.status = 'pending'
-    RETURNING o.id, o.key, o.hold)
-UPDATE %[1]s f SET hold = 'behind'
-WHERE f.status = 'pending' AND f.hold IS NULL AND f.id = ANY(ARRAY(
+    RETURNING o.id, o.key, o.hold),
+x AS (
     SELECT b.id FROM n CROSS JOIN LATERAL (
         SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.key <> '' AND b.key = n.key AND (b.key, b.id) > (n.key, n.id)
-        ORDER BY b.id LIMIT 100000) b
-    WHERE n.key <> '' AND %[3]s))
-  AND NOT EXISTS (SELECT 1 FROM %[2]s x WHERE x.id = f.id AND x.leased_until > clock_timestamp())`, t, leases, holds)
+        ORDER BY b.id LIMIT %[2]d) b
+    WHERE n.key <> '' AND %[3]s),
+%[4]s`, t, parkChunk, holds, parkRows(fmt.Sprintf("(SELECT COALESCE(bool_or(%s), false) FROM n)", holds)))
+		// The next parkChunk rows of key $1 after id $2, while the record
+		// $3 still holds the key.
+		parkMore = fmt.Sprintf(`WITH hd AS MATERIALIZED (
+    SELECT COALESCE((SELECT %[3]s FROM %[1]s h WHERE h.id = $3 AND h.status = 'pending'), false) AS holds),
+x AS (
+    SELECT b.id FROM %[1]s b
+    WHERE (SELECT holds FROM hd) AND b.status = 'pending' AND b.key <> '' AND b.key = $1 AND (b.key, b.id) > ($1::text, $2::bigint)
+    ORDER BY b.id LIMIT %[2]d),
+%[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"))
 		// Released rows behind a held record are parked at once.
 		release = fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
     hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry' WHEN o.key <> '' AND %s THEN 'behind' END
@@ -278,7 +303,7 @@ i AS (
 		}
 		// park: the held rows of the claimer's own slots that its walk
 		// passed (up to the last row it took, or all of them when it did not
-		// fill the batch), 100000 at most. (The CASE keeps the check a probe
+		// fill the batch), parkChunk at most. (The CASE keeps the check a probe
 		// per row, as in the walk, rather than a join with every held row.)
 		park := fmt.Sprintf(`park AS (
     UPDATE %[1]s parked SET hold = 'behind' WHERE parked.status = 'pending' AND parked.hold IS NULL AND parked.id = ANY(ARRAY(
@@ -289,7 +314,7 @@ i AS (
           AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
           AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
         ORDER BY p.id
-        LIMIT 100000))),`, t, held("p"))
+        LIMIT %[3]d))),`, t, held("p"), parkChunk)
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[14]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
@@ -392,7 +417,8 @@ FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotC
 
 		// A nacked or released row due later waits in the retry index
 		// (hold 'retry') until a claim finds it due: it leaves the walk.
-		nack: nack,
+		nack:     nack,
+		parkMore: parkMore,
 
 		// Release gives the claim's attempt back.
 		release: release,
@@ -561,10 +587,50 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 
 // Nack implements [storage.Storage].
 func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
-	if err := s.writeBack(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt); err != nil {
+	if s.config.DisableStrictOrdering {
+		if err := s.writeBack(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt); err != nil {
+			return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
+		}
+		return nil
+	}
+	// With strict ordering the nack parks the rows behind the record (see
+	// buildQueries), parkChunk per statement, each its own transaction under
+	// the claim lock, so that claims go on between them. The nack itself is
+	// the first; the rest is best effort (a claim parks what is left, as it
+	// meets it), and stops when ctx is done.
+	looked, last, holds, err := s.park(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt)
+	if err != nil {
 		return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
 	}
+	var key string
+	if looked == parkChunk && holds {
+		if err := s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT key FROM %s WHERE id = $1`, s.table), p.ID).Scan(&key); err != nil {
+			return nil //nolint:nilerr // the nack is done; the claims park the rest
+		}
+	}
+	for looked == parkChunk && holds && ctx.Err() == nil {
+		if looked, last, holds, err = s.park(ctx, s.q.parkMore, key, last, p.ID); err != nil {
+			return nil //nolint:nilerr // the nack is done; the claims park the rest
+		}
+	}
 	return nil
+}
+
+// park runs a parking statement (the nack, or parkMore) under the claim
+// lock and returns how many rows it looked at, the last of them and whether
+// the record they are parked behind still holds its key.
+func (s *Storage) park(ctx context.Context, sql string, args ...any) (looked, last int64, holds bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(s.q.writePlanLock, s.table)
+	b.Queue(sql, args...)
+	br := s.pool.SendBatch(ctx, b)
+	if _, err = br.Exec(); err == nil {
+		err = br.QueryRow().Scan(&looked, &last, &holds)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return looked, last, holds, err
 }
 
 // Release implements [storage.Storage].
