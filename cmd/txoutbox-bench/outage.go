@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/txoutbox/txoutbox"
+)
+
+// outageMaxAttempts is the forwarders' MaxAttempts in the outage scenario:
+// far above the one failed attempt each head makes, so that nothing is
+// dead-lettered (a dead-letter would be counted and fail the command).
+const outageMaxAttempts = 100
+
+// errBrokerDown is what the target returns while the broker is down.
+var errBrokerDown = errors.New("bench: broker down (outage scenario)")
+
+// outageTarget fails every publish while down is set, like a broker that is
+// unreachable; then it hands the publishes to the counting sink.
+type outageTarget struct {
+	down    atomic.Bool
+	latency time.Duration
+	failed  atomic.Int64 // messages refused while down
+	first   atomic.Int64 // unix nanos of the first publish let through
+	next    message.Publisher
+}
+
+// Publish implements message.Publisher.
+func (t *outageTarget) Publish(topic string, msgs ...*message.Message) error {
+	if t.down.Load() {
+		if t.latency > 0 {
+			time.Sleep(t.latency) // the round trip that failed
+		}
+		t.failed.Add(int64(len(msgs)))
+		return errBrokerDown
+	}
+	t.first.CompareAndSwap(0, time.Now().UnixNano())
+	return t.next.Publish(topic, msgs...)
+}
+
+// Close implements message.Publisher.
+func (t *outageTarget) Close() error { return nil }
+
+// outageStats is what the forwarders reported (OnOutcome) during an outage
+// run.
+type outageStats struct {
+	keys              int   // keys of the backlog: one nacked head each is expected
+	nacked, released  int64 // while the broker was down
+	dead              int64 // dead-lettered, at any time: must be none
+	renacked          int64 // nacks of a record that had failed before
+	storageErrs       int64 // write-backs that failed
+	headsNacked       int   // distinct keys with a nacked head
+	dueFirst, dueLast time.Time
+	outage            time.Duration // forwarders' start to the last key's head nacked
+	firstAfterDue     time.Duration // first delivery after dueFirst
+	failedPublishes   int64         // messages the down broker refused
+}
+
+// outage measures how fast txoutbox drains a backlog that an outage of the
+// broker left behind, against a normal drain of the same backlog. Strict
+// ordering is on: -outage-rows rows over -keys keys; while the broker is down
+// the forwarders claim, every key's head fails, is nacked by the forwarder
+// through the storage with the retry delay -outage-backoff, and the rest of
+// its key waits behind it. Once every key's head is nacked the broker is back;
+// the drain is timed from the moment the first retry is due to the last
+// delivery, so it includes the forwarders finding out (their idle poll) and
+// every claim over the rows the outage left. It runs at the first -latency,
+// -batch and -forwarders value, the normal drain first.
+func (b *bench) outage(ctx context.Context) error {
+	lat, batch, fw := b.o.latencies[0], b.o.batches[0], b.o.forwarders[0]
+	conc := b.concurrencyFor(lat)
+	n := b.o.outageRows
+	cfg := relayConfig{batch: batch, concurrency: conc, strict: true, poll: b.o.poll, forwarders: fw,
+		maxAttempts: outageMaxAttempts,
+		backoff:     txoutbox.Backoff{Base: b.o.outageRetry, Max: b.o.outageRetry, Jitter: txoutbox.NoJitter}}
+	b.progress("outage: normal drain txoutbox rows=%d keys=%d latency=%s batch=%d forwarders=%d concurrency=%d", n, b.o.keys, lat, batch, fw, conc)
+	normal, err := b.drainRun(ctx, "txo", cfg, n, lat)
+	if err != nil {
+		return err
+	}
+	b.progress("outage: the same backlog, every key's head failing first (retry after %s)", b.o.outageRetry)
+	oc, st, err := b.outageRun(ctx, cfg, n, lat)
+	if err != nil {
+		return err
+	}
+	var problems []string
+	if st.dead > 0 {
+		problems = append(problems, fmt.Sprintf("%d records dead-lettered", st.dead))
+	}
+	if st.nacked != int64(st.keys) || st.headsNacked != st.keys || st.failedPublishes != int64(st.keys) {
+		problems = append(problems, fmt.Sprintf("%d nacks on %d keys and %d refused publishes, want one per key (%d)", st.nacked, st.headsNacked, st.failedPublishes, st.keys))
+	}
+	if st.renacked > 0 || st.storageErrs > 0 {
+		problems = append(problems, fmt.Sprintf("%d records failed twice, %d write-backs failed", st.renacked, st.storageErrs))
+	}
+	if oc.dup > 0 || normal.dup > 0 {
+		problems = append(problems, fmt.Sprintf("duplicates delivered: %d after the outage, %d in the normal drain", oc.dup, normal.dup))
+	}
+	for _, p := range problems {
+		b.lost = true // the figure cannot be trusted: fail the command
+		b.progress("FAIL: outage: %s", p)
+	}
+	settings := fmt.Sprintf("txoutbox col: drain after the outage, timed from the first retry due; watermill col: normal drain of the same backlog, by txoutbox; "+
+		"rows=%d keys=%d latency=%s batch=%d fwd=%d strict=on conc=%d retry=%s; outage %s: %d heads refused and nacked (1 per key, re-published once), %d released, %d dead-lettered; retries due over %s, first delivery +%s; target outage/normal >= 0.70x",
+		n, st.keys, lat, batch, fw, conc, b.o.outageRetry, st.outage.Round(time.Millisecond), st.nacked, st.released, st.dead,
+		st.dueLast.Sub(st.dueFirst).Round(time.Millisecond), st.firstAfterDue.Round(time.Millisecond))
+	b.rows = append(b.rows, row{
+		scenario: "outage", settings: settings,
+		txo: rate(oc.rate), wm: rate(normal.rate), ratio: ratio(oc.rate, normal.rate),
+		txoDL: oc.dl(), wmDL: normal.dl(), txoCPU: oc.cpu, wmCPU: normal.cpu,
+	})
+	return nil
+}
+
+// outageRun fills a backlog of n messages, runs the forwarders against a
+// broker that is down until every key's head has been nacked, brings the
+// broker back and times the drain from the first retry due.
+func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency time.Duration) (oc outcome, st outageStats, err error) {
+	st.keys = min(b.o.keys, n)
+	var mu sync.Mutex
+	down := true
+	nackedKeys := make(map[string]bool, st.keys)
+	allNacked := make(chan struct{})
+	cfg.onOutcome = func(o txoutbox.Outcome) {
+		mu.Lock()
+		defer mu.Unlock()
+		if o.StorageErr != nil {
+			st.storageErrs++
+		}
+		switch o.Kind {
+		case txoutbox.OutcomeNacked:
+			// Counted whenever it comes: a nack after the broker is back
+			// (it never refuses then) shows up as one nack too many.
+			st.nacked++
+			if o.Record.Attempts > 1 {
+				st.renacked++
+			}
+			if st.dueFirst.IsZero() || o.RetryAt.Before(st.dueFirst) {
+				st.dueFirst = o.RetryAt
+			}
+			if o.RetryAt.After(st.dueLast) {
+				st.dueLast = o.RetryAt
+			}
+			if !nackedKeys[o.Record.Key] {
+				nackedKeys[o.Record.Key] = true
+				st.headsNacked++
+				if st.headsNacked == st.keys {
+					close(allNacked)
+				}
+			}
+		case txoutbox.OutcomeReleased:
+			if down {
+				st.released++ // the rest of a failed head's group, untried
+			}
+		case txoutbox.OutcomeDeadLettered:
+			st.dead++
+		}
+	}
+	snapshot := func() outageStats {
+		mu.Lock()
+		defer mu.Unlock()
+		return st
+	}
+
+	cfg.name = b.name("txo")
+	r := b.newRelay("txo", cfg)
+	defer func() { err = errors.Join(err, r.Teardown(context.WithoutCancel(ctx))) }()
+	if err := r.Setup(ctx); err != nil {
+		return oc, st, err
+	}
+	if _, err = b.produce(ctx, r, n, false); err != nil {
+		return oc, st, err
+	}
+	if err := b.settle(ctx); err != nil {
+		return oc, st, err
+	}
+	s := b.newSink(n, latency, false)
+	target := &outageTarget{latency: latency, next: s}
+	target.down.Store(true)
+	start := time.Now()
+	stop, err := r.Start(ctx, target)
+	if err != nil {
+		return oc, st, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
+
+	// The outage: wait until every key's head has failed and been nacked.
+	timeout := time.NewTimer(b.o.runTimeout)
+	defer timeout.Stop()
+	select {
+	case <-allNacked:
+	case <-timeout.C:
+		s := snapshot()
+		return oc, s, fmt.Errorf("outage phase: %d of %d keys had their head nacked within -run-timeout %s", s.headsNacked, s.keys, b.o.runTimeout)
+	case <-ctx.Done():
+		return oc, snapshot(), ctx.Err()
+	}
+	mu.Lock()
+	down = false
+	target.down.Store(false)
+	st.outage = time.Since(start)
+	dueFirst := st.dueFirst
+	mu.Unlock()
+	if !time.Now().Before(dueFirst) {
+		s := snapshot()
+		return oc, s, fmt.Errorf("outage phase took %s, longer than -outage-backoff %s: the first retries came due before every key's head had failed (raise -outage-backoff)",
+			s.outage.Round(time.Millisecond), b.o.outageRetry)
+	}
+	b.progress("outage: %d heads nacked in %s; broker back, retries due in %s", st.keys, st.outage.Round(time.Millisecond), time.Until(dueFirst).Round(time.Millisecond))
+
+	// The recovery: timed from the moment the first retry is due.
+	wait := time.NewTimer(time.Until(dueFirst))
+	select {
+	case <-wait.C:
+	case <-ctx.Done():
+		wait.Stop()
+		return oc, snapshot(), ctx.Err()
+	}
+	cpu0 := b.cpu.sample()
+	b.await(ctx, s)
+	cpu1 := b.cpu.sample()
+	stop()
+	stopped = true
+	st = snapshot()
+	st.failedPublishes = target.failed.Load()
+	oc.n = n
+	if first := target.first.Load(); first > 0 {
+		// Delivered before its retry was due: the outage did not hold the
+		// backlog, and the figure would be flattered. Timestamps are stored
+		// to the microsecond, hence the slack.
+		if at := time.Unix(0, first); at.Before(dueFirst.Add(-time.Millisecond)) {
+			return oc, st, fmt.Errorf("outage: a message was delivered %s before the first retry was due", dueFirst.Sub(at))
+		}
+		st.firstAfterDue = time.Unix(0, first).Sub(dueFirst)
+	}
+	if db, self, ok := perMessage(cpu0, cpu1, int(s.unique.Load())); ok {
+		oc.cpu = fmt.Sprintf("%.1f+%.1f", db, self)
+	}
+	if at := s.doneAt.Load(); at > 0 {
+		oc.rate = float64(n) / time.Unix(0, at).Sub(dueFirst).Seconds()
+	}
+	b.finish(&oc, s)
+	return oc, st, ctx.Err()
+}
