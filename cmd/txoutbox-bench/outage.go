@@ -58,7 +58,7 @@ type outageStats struct {
 	headsNacked       int   // distinct keys with a nacked head
 	dueFirst, dueLast time.Time
 	outage            time.Duration // forwarders' start to the last key's head nacked
-	firstAfterDue     time.Duration // first delivery after dueFirst
+	firstAfterDue     time.Duration // first delivery after the timing began
 	failedPublishes   int64         // messages the down broker refused
 }
 
@@ -69,9 +69,12 @@ type outageStats struct {
 // through the storage with the retry delay -outage-backoff, and the rest of
 // its key waits behind it. Once every key's head is nacked the broker is back;
 // the drain is timed from the moment the first retry is due to the last
-// delivery, so it includes the forwarders finding out (their idle poll) and
-// every claim over the rows the outage left. It runs at the first -latency,
-// -batch and -forwarders value, the normal drain first.
+// delivery, so it includes the forwarders finding out (their idle poll), the
+// keys coming due one after another as they failed, and every claim over the
+// rows the outage left. With -outage-restart the forwarders stop once every
+// head has failed and fresh ones start when the last retry is due: the drain
+// is timed from then, on a backlog that is due all at once. It runs at the
+// first -latency, -batch and -forwarders value, the normal drain first.
 func (b *bench) outage(ctx context.Context) error {
 	lat, batch, fw := b.o.latencies[0], b.o.batches[0], b.o.forwarders[0]
 	conc := b.concurrencyFor(lat)
@@ -106,9 +109,13 @@ func (b *bench) outage(ctx context.Context) error {
 		b.lost = true // the figure cannot be trusted: fail the command
 		b.progress("FAIL: outage: %s", p)
 	}
-	settings := fmt.Sprintf("txoutbox col: drain after the outage, timed from the first retry due; watermill col: normal drain of the same backlog, by txoutbox; "+
+	timed := "the first retry due, forwarders kept running"
+	if b.o.outageRestart {
+		timed = "the last retry due, fresh forwarders started then"
+	}
+	settings := fmt.Sprintf("txoutbox col: drain after the outage, timed from %s; watermill col: normal drain of the same backlog, by txoutbox; "+
 		"rows=%d keys=%d latency=%s batch=%d fwd=%d strict=on conc=%d retry=%s; outage %s: %d heads refused and nacked (1 per key, re-published once), %d released, %d dead-lettered; retries due over %s, first delivery +%s; target outage/normal >= 0.70x",
-		n, st.keys, lat, batch, fw, conc, b.o.outageRetry, st.outage.Round(time.Millisecond), st.nacked, st.released, st.dead,
+		timed, n, st.keys, lat, batch, fw, conc, b.o.outageRetry, st.outage.Round(time.Millisecond), st.nacked, st.released, st.dead,
 		st.dueLast.Sub(st.dueFirst).Round(time.Millisecond), st.firstAfterDue.Round(time.Millisecond))
 	b.rows = append(b.rows, row{
 		scenario: "outage", settings: settings,
@@ -207,20 +214,32 @@ func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency t
 		return oc, snapshot(), ctx.Err()
 	}
 	mu.Lock()
-	down = false
-	target.down.Store(false)
 	st.outage = time.Since(start)
-	dueFirst := st.dueFirst
+	dueFirst, dueLast := st.dueFirst, st.dueLast
 	mu.Unlock()
 	if !time.Now().Before(dueFirst) {
 		s := snapshot()
 		return oc, s, fmt.Errorf("outage phase took %s, longer than -outage-backoff %s: the first retries came due before every key's head had failed (raise -outage-backoff)",
 			s.outage.Round(time.Millisecond), b.o.outageRetry)
 	}
-	b.progress("outage: %d heads nacked in %s; broker back, retries due in %s", st.keys, st.outage.Round(time.Millisecond), time.Until(dueFirst).Round(time.Millisecond))
+	from := dueFirst
+	if b.o.outageRestart {
+		// Run returns once it has given back what it held; nothing runs
+		// until every retry is due.
+		stop()
+		stopped = true
+		from = dueLast
+	}
+	mu.Lock()
+	down = false
+	target.down.Store(false)
+	mu.Unlock()
+	b.progress("outage: %d heads nacked in %s; broker back, retries due in %s to %s", st.keys, st.outage.Round(time.Millisecond),
+		time.Until(dueFirst).Round(time.Millisecond), time.Until(dueLast).Round(time.Millisecond))
 
-	// The recovery: timed from the moment the first retry is due.
-	wait := time.NewTimer(time.Until(dueFirst))
+	// The recovery, timed from the first retry due, or with -outage-restart
+	// from the last one, when fresh forwarders start.
+	wait := time.NewTimer(time.Until(from))
 	select {
 	case <-wait.C:
 	case <-ctx.Done():
@@ -228,6 +247,12 @@ func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency t
 		return oc, snapshot(), ctx.Err()
 	}
 	cpu0 := b.cpu.sample()
+	if b.o.outageRestart {
+		if stop, err = r.Start(ctx, target); err != nil {
+			return oc, snapshot(), err
+		}
+		stopped = false
+	}
 	b.await(ctx, s)
 	cpu1 := b.cpu.sample()
 	stop()
@@ -239,16 +264,16 @@ func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency t
 		// Delivered before its retry was due: the outage did not hold the
 		// backlog, and the figure would be flattered. Timestamps are stored
 		// to the microsecond, hence the slack.
-		if at := time.Unix(0, first); at.Before(dueFirst.Add(-time.Millisecond)) {
-			return oc, st, fmt.Errorf("outage: a message was delivered %s before the first retry was due", dueFirst.Sub(at))
+		if at := time.Unix(0, first); at.Before(from.Add(-time.Millisecond)) {
+			return oc, st, fmt.Errorf("outage: a message was delivered %s before the timing began (the first retry due)", from.Sub(at))
 		}
-		st.firstAfterDue = time.Unix(0, first).Sub(dueFirst)
+		st.firstAfterDue = time.Unix(0, first).Sub(from)
 	}
 	if db, self, ok := perMessage(cpu0, cpu1, int(s.unique.Load())); ok {
 		oc.cpu = fmt.Sprintf("%.1f+%.1f", db, self)
 	}
 	if at := s.doneAt.Load(); at > 0 {
-		oc.rate = float64(n) / time.Unix(0, at).Sub(dueFirst).Seconds()
+		oc.rate = float64(n) / time.Unix(0, at).Sub(from).Seconds()
 	}
 	b.finish(&oc, s)
 	return oc, st, ctx.Err()
