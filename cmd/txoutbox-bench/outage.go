@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,34 +83,31 @@ func (b *bench) outage(ctx context.Context) error {
 	cfg := relayConfig{batch: batch, concurrency: conc, strict: true, poll: b.o.poll, forwarders: fw,
 		maxAttempts: outageMaxAttempts,
 		backoff:     txoutbox.Backoff{Base: b.o.outageRetry, Max: b.o.outageRetry, Jitter: txoutbox.NoJitter}}
-	b.progress("outage: normal drain txoutbox rows=%d keys=%d latency=%s batch=%d forwarders=%d concurrency=%d", n, b.o.keys, lat, batch, fw, conc)
-	normal, err := b.drainRun(ctx, "txo", cfg, n, lat)
-	if err != nil {
-		return err
+	// With -repeat the two runs alternate, so that a slow moment of the
+	// machine hits both; the medians are reported.
+	var normals, outages []outcome
+	var stats []outageStats
+	for rep := range b.o.repeat {
+		b.progress("outage: normal drain txoutbox rows=%d keys=%d latency=%s batch=%d forwarders=%d concurrency=%d (run %d of %d)", n, b.o.keys, lat, batch, fw, conc, rep+1, b.o.repeat)
+		normal, err := b.drainRun(ctx, "txo", cfg, n, lat)
+		if err != nil {
+			return err
+		}
+		b.progress("outage: the same backlog, every key's head failing first (retry after %s) (run %d of %d)", b.o.outageRetry, rep+1, b.o.repeat)
+		oc, st, err := b.outageRun(ctx, cfg, n, lat)
+		if err != nil {
+			return err
+		}
+		for _, p := range st.problems(oc, normal) {
+			b.lost = true // the figure cannot be trusted: fail the command
+			b.progress("FAIL: outage (run %d): %s", rep+1, p)
+		}
+		normals, outages, stats = append(normals, normal), append(outages, oc), append(stats, st)
 	}
-	b.progress("outage: the same backlog, every key's head failing first (retry after %s)", b.o.outageRetry)
-	oc, st, err := b.outageRun(ctx, cfg, n, lat)
-	if err != nil {
-		return err
-	}
-	var problems []string
-	if st.dead > 0 {
-		problems = append(problems, fmt.Sprintf("%d records dead-lettered", st.dead))
-	}
-	if st.nacked != int64(st.keys) || st.headsNacked != st.keys || st.failedPublishes != int64(st.keys) {
-		problems = append(problems, fmt.Sprintf("%d nacks on %d keys and %d refused publishes, want one per key (%d)", st.nacked, st.headsNacked, st.failedPublishes, st.keys))
-	}
-	if st.renacked > 0 || st.storageErrs > 0 {
-		problems = append(problems, fmt.Sprintf("%d records failed twice, %d write-backs failed", st.renacked, st.storageErrs))
-	}
-	if oc.dup > 0 || normal.dup > 0 {
-		problems = append(problems, fmt.Sprintf("duplicates delivered: %d after the outage, %d in the normal drain", oc.dup, normal.dup))
-	}
-	for _, p := range problems {
-		b.lost = true // the figure cannot be trusted: fail the command
-		b.progress("FAIL: outage: %s", p)
-	}
+	normal, oc := medianRun(normals), medianRun(outages)
+	st := stats[slices.IndexFunc(outages, func(o outcome) bool { return o.rate == oc.rate })]
 	timed := "the first retry due, forwarders kept running"
+
 	if b.o.outageRestart {
 		timed = "the last retry due, fresh forwarders started then"
 	}
@@ -117,12 +115,34 @@ func (b *bench) outage(ctx context.Context) error {
 		"rows=%d keys=%d latency=%s batch=%d fwd=%d strict=on conc=%d retry=%s; outage %s: %d heads refused and nacked (1 per key, re-published once), %d released, %d dead-lettered; retries due over %s, first delivery +%s; target outage/normal >= 0.70x",
 		timed, n, st.keys, lat, batch, fw, conc, b.o.outageRetry, st.outage.Round(time.Millisecond), st.nacked, st.released, st.dead,
 		st.dueLast.Sub(st.dueFirst).Round(time.Millisecond), st.firstAfterDue.Round(time.Millisecond))
+	if b.o.repeat > 1 {
+		settings = fmt.Sprintf("median of %d runs each, outage details of the median run; ", b.o.repeat) + settings
+	}
 	b.rows = append(b.rows, row{
 		scenario: "outage", settings: settings,
 		txo: rate(oc.rate), wm: rate(normal.rate), ratio: ratio(oc.rate, normal.rate),
 		txoDL: oc.dl(), wmDL: normal.dl(), txoCPU: oc.cpu, wmCPU: normal.cpu,
 	})
 	return nil
+}
+
+// problems returns why the figures of one outage run and its normal drain
+// cannot be trusted, if they cannot.
+func (st outageStats) problems(oc, normal outcome) []string {
+	var p []string
+	if st.dead > 0 {
+		p = append(p, fmt.Sprintf("%d records dead-lettered", st.dead))
+	}
+	if st.nacked != int64(st.keys) || st.headsNacked != st.keys || st.failedPublishes != int64(st.keys) {
+		p = append(p, fmt.Sprintf("%d nacks on %d keys and %d refused publishes, want one per key (%d)", st.nacked, st.headsNacked, st.failedPublishes, st.keys))
+	}
+	if st.renacked > 0 || st.storageErrs > 0 {
+		p = append(p, fmt.Sprintf("%d records failed twice, %d write-backs failed", st.renacked, st.storageErrs))
+	}
+	if oc.dup > 0 || normal.dup > 0 {
+		p = append(p, fmt.Sprintf("duplicates delivered: %d after the outage, %d in the normal drain", oc.dup, normal.dup))
+	}
+	return p
 }
 
 // outageRun fills a backlog of n messages, runs the forwarders against a
