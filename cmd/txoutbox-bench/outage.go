@@ -149,50 +149,51 @@ func (st outageStats) problems(oc, normal outcome) []string {
 // broker that is down until every key's head has been nacked, brings the
 // broker back and times the drain from the first retry due.
 func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency time.Duration) (oc outcome, st outageStats, err error) {
-	st.keys = min(b.o.keys, n)
+	// The forwarders write live, under mu; st is set from it once they stopped.
 	var mu sync.Mutex
+	live := outageStats{keys: min(b.o.keys, n)}
 	down := true
-	nackedKeys := make(map[string]bool, st.keys)
+	nackedKeys := make(map[string]bool, live.keys)
 	allNacked := make(chan struct{})
 	cfg.onOutcome = func(o txoutbox.Outcome) {
 		mu.Lock()
 		defer mu.Unlock()
 		if o.StorageErr != nil {
-			st.storageErrs++
+			live.storageErrs++
 		}
 		switch o.Kind {
 		case txoutbox.OutcomeNacked:
 			// Counted whenever it comes: a nack after the broker is back
 			// (it never refuses then) shows up as one nack too many.
-			st.nacked++
+			live.nacked++
 			if o.Record.Attempts > 1 {
-				st.renacked++
+				live.renacked++
 			}
-			if st.dueFirst.IsZero() || o.RetryAt.Before(st.dueFirst) {
-				st.dueFirst = o.RetryAt
+			if live.dueFirst.IsZero() || o.RetryAt.Before(live.dueFirst) {
+				live.dueFirst = o.RetryAt
 			}
-			if o.RetryAt.After(st.dueLast) {
-				st.dueLast = o.RetryAt
+			if o.RetryAt.After(live.dueLast) {
+				live.dueLast = o.RetryAt
 			}
 			if !nackedKeys[o.Record.Key] {
 				nackedKeys[o.Record.Key] = true
-				st.headsNacked++
-				if st.headsNacked == st.keys {
+				live.headsNacked++
+				if live.headsNacked == live.keys {
 					close(allNacked)
 				}
 			}
 		case txoutbox.OutcomeReleased:
 			if down {
-				st.released++ // the rest of a failed head's group, untried
+				live.released++ // the rest of a failed head's group, untried
 			}
 		case txoutbox.OutcomeDeadLettered:
-			st.dead++
+			live.dead++
 		}
 	}
 	snapshot := func() outageStats {
 		mu.Lock()
 		defer mu.Unlock()
-		return st
+		return live
 	}
 
 	cfg.name = b.name("txo")
@@ -234,8 +235,8 @@ func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency t
 		return oc, snapshot(), ctx.Err()
 	}
 	mu.Lock()
-	st.outage = time.Since(start)
-	dueFirst, dueLast := st.dueFirst, st.dueLast
+	live.outage = time.Since(start)
+	keys, outage, dueFirst, dueLast := live.keys, live.outage, live.dueFirst, live.dueLast
 	mu.Unlock()
 	if !time.Now().Before(dueFirst) {
 		s := snapshot()
@@ -254,7 +255,7 @@ func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency t
 	down = false
 	target.down.Store(false)
 	mu.Unlock()
-	b.progress("outage: %d heads nacked in %s; broker back, retries due in %s to %s", st.keys, st.outage.Round(time.Millisecond),
+	b.progress("outage: %d heads nacked in %s; broker back, retries due in %s to %s", keys, outage.Round(time.Millisecond),
 		time.Until(dueFirst).Round(time.Millisecond), time.Until(dueLast).Round(time.Millisecond))
 
 	// The recovery, timed from the first retry due, or with -outage-restart
