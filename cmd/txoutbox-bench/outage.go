@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -98,6 +99,8 @@ func (b *bench) outage(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		b.progress("outage: run %d of %d: normal %s, after the outage %s (%s), database+relay CPU us/msg %s vs %s",
+			rep+1, b.o.repeat, rate(normal.rate), rate(oc.rate), ratio(oc.rate, normal.rate), cmp.Or(normal.cpu, "-"), cmp.Or(oc.cpu, "-"))
 		for _, p := range st.problems(oc, normal) {
 			b.lost = true // the figure cannot be trusted: fail the command
 			b.progress("FAIL: outage (run %d): %s", rep+1, p)
