@@ -134,7 +134,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,hotkey,rss", "scenarios to run (list); hotkey: one key, then 10 keys carrying half the messages, 1 ms broker latency, the most -forwarders, a 2 s lease; outage (not in the default list, it adds minutes): txoutbox alone, strict ordering, a backlog of -outage-rows over -keys keys whose every key's head failed while the broker was down, drained once the retries are due, against a normal drain of the same backlog, at the first -latency, -batch and -forwarders; with -db mysql the default is insert,drain,steady")
 	fs.IntVar(&o.hotMsgs, "hot-messages", 3000, "messages of each hotkey run")
 	fs.IntVar(&o.outageRows, "outage-rows", 200_000, "backlog of the outage scenario")
-	fs.DurationVar(&o.outageRetry, "outage-backoff", 20*time.Second, "outage scenario: retry delay of the failed heads (Backoff.Base = Max, no jitter); must outlast the outage phase (every key's head failing)")
+	fs.DurationVar(&o.outageRetry, "outage-backoff", 30*time.Second, "outage scenario: retry delay of the failed heads (Backoff.Base = Max, no jitter); must outlast the outage phase (every key's head failing)")
 	fs.BoolVar(&o.outageRestart, "outage-restart", false, "outage scenario: stop the forwarders once every head has failed and start fresh ones when the last retry is due, timed from then (default: they keep running, timed from the first retry due)")
 	fs.IntVar(&o.rssRows, "rss-rows", 1_000_000, "pending rows of the rss scenario")
 	fs.IntVar(&o.rssDrain, "rss-drain", 200_000, "rows the rss child forwards before its peak RSS is read")

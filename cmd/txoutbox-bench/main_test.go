@@ -165,53 +165,68 @@ func TestParseFlagsRejectsBadInput(t *testing.T) {
 	}
 }
 
-// TestOutageDrainsWithoutLoss runs the outage scenario on a tiny backlog:
+// TestOutageDrainsWithoutLoss runs the outage scenario on a tiny backlog,
+// with the forwarders kept running and with fresh ones after the outage:
 // every key's head refused and nacked once, nothing dead-lettered, the
 // backlog then drained with no loss and no duplicate, and the tables dropped.
+// The subtests run one after another: table names are unique per bench, not
+// per process.
 func TestOutageDrainsWithoutLoss(t *testing.T) {
 	url := databaseURL(t)
-	o, err := parseFlags([]string{"-quick", "-url", url, "-scenarios", "outage", "-outage-rows", "600", "-keys", "20",
-		"-batch", "50", "-latency", "0", "-forwarders", "1", "-outage-backoff", "5s"}, os.Stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	code, err := run(t.Context(), o, &out)
-	if err != nil || code != 0 {
-		t.Fatalf("run = %d, %v; output:\n%s", code, err, out.String())
-	}
-	text := out.String()
-	var line string
-	for l := range strings.Lines(text) {
-		if strings.HasPrefix(l, "outage ") {
-			line = l
-		}
-	}
-	if line == "" {
-		t.Fatalf("no outage row:\n%s", text)
-	}
-	for _, want := range []string{"rows=600 keys=20", "20 heads refused and nacked", "0 dead-lettered"} {
-		if !strings.Contains(line, want) {
-			t.Errorf("outage row lacks %q:\n%s", want, line)
-		}
-	}
-	if got := strings.Count(line, " 0/0 "); got != 2 {
-		t.Errorf("outage row: want dup/lost 0/0 for both drains:\n%s", line)
-	}
-	if strings.Contains(text, "FAIL") {
-		t.Errorf("output reports a failure:\n%s", text)
-	}
-	conn, err := pgx.Connect(t.Context(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.WithoutCancel(t.Context()))
-	var left int
-	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE tablename LIKE $1`,
-		"bench\\_%\\_"+strconv.Itoa(os.Getpid())+"\\_%").Scan(&left); err != nil {
-		t.Fatal(err)
-	}
-	if left != 0 {
-		t.Errorf("%d bench tables left behind", left)
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		timed string
+	}{
+		{"running", nil, "timed from the first retry due"},
+		{"restart", []string{"-outage-restart"}, "timed from the last retry due"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"-quick", "-url", url, "-scenarios", "outage", "-outage-rows", "600", "-keys", "20",
+				"-batch", "50", "-latency", "0", "-forwarders", "1", "-outage-backoff", "5s"}, tc.extra...)
+			o, err := parseFlags(args, os.Stderr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			code, err := run(t.Context(), o, &out)
+			if err != nil || code != 0 {
+				t.Fatalf("run = %d, %v; output:\n%s", code, err, out.String())
+			}
+			text := out.String()
+			var line string
+			for l := range strings.Lines(text) {
+				if strings.HasPrefix(l, "outage ") {
+					line = l
+				}
+			}
+			if line == "" {
+				t.Fatalf("no outage row:\n%s", text)
+			}
+			for _, want := range []string{tc.timed, "rows=600 keys=20", "20 heads refused and nacked", "0 dead-lettered"} {
+				if !strings.Contains(line, want) {
+					t.Errorf("outage row lacks %q:\n%s", want, line)
+				}
+			}
+			if got := strings.Count(line, " 0/0 "); got != 2 {
+				t.Errorf("outage row: want dup/lost 0/0 for both drains:\n%s", line)
+			}
+			if strings.Contains(text, "FAIL") {
+				t.Errorf("output reports a failure:\n%s", text)
+			}
+			conn, err := pgx.Connect(t.Context(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.WithoutCancel(t.Context()))
+			var left int
+			if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE tablename LIKE $1`,
+				"bench\\_%\\_"+strconv.Itoa(os.Getpid())+"\\_%").Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			if left != 0 {
+				t.Errorf("%d bench tables left behind", left)
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,6 +63,7 @@ type outageStats struct {
 	outage            time.Duration // forwarders' start to the last key's head nacked
 	firstAfterDue     time.Duration // first delivery after the timing began
 	failedPublishes   int64         // messages the down broker refused
+	byLastDue         int64         // delivered when the last retry came due; -1: not reached
 }
 
 // outage measures how fast txoutbox drains a backlog that an outage of the
@@ -109,15 +111,19 @@ func (b *bench) outage(ctx context.Context) error {
 	}
 	normal, oc := medianRun(normals), medianRun(outages)
 	st := stats[slices.IndexFunc(outages, func(o outcome) bool { return o.rate == oc.rate })]
+	byLast := "-"
+	if st.byLastDue >= 0 {
+		byLast = strconv.FormatInt(st.byLastDue, 10)
+	}
 	timed := "the first retry due, forwarders kept running"
 
 	if b.o.outageRestart {
 		timed = "the last retry due, fresh forwarders started then"
 	}
 	settings := fmt.Sprintf("txoutbox col: drain after the outage, timed from %s; watermill col: normal drain of the same backlog, by txoutbox; "+
-		"rows=%d keys=%d latency=%s batch=%d fwd=%d strict=on conc=%d retry=%s; outage %s: %d heads refused and nacked (1 per key, re-published once), %d released, %d dead-lettered; retries due over %s, first delivery +%s; target outage/normal >= 0.70x",
+		"rows=%d keys=%d latency=%s batch=%d fwd=%d strict=on conc=%d retry=%s; outage %s: %d heads refused and nacked (1 per key, re-published once), %d released, %d dead-lettered; retries due over %s, %s delivered by the last one, first delivery +%s; target outage/normal >= 0.70x",
 		timed, n, st.keys, lat, batch, fw, conc, b.o.outageRetry, st.outage.Round(time.Millisecond), st.nacked, st.released, st.dead,
-		st.dueLast.Sub(st.dueFirst).Round(time.Millisecond), st.firstAfterDue.Round(time.Millisecond))
+		st.dueLast.Sub(st.dueFirst).Round(time.Millisecond), byLast, st.firstAfterDue.Round(time.Millisecond))
 	if b.o.repeat > 1 {
 		settings = fmt.Sprintf("median of %d runs each, outage details of the median run; ", b.o.repeat) + settings
 	}
@@ -271,6 +277,12 @@ func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency t
 		return oc, snapshot(), ctx.Err()
 	}
 	cpu0 := b.cpu.sample()
+	// How much the spread of the retry times held back: what was delivered
+	// by the time the last retry was due.
+	var byLast atomic.Int64
+	byLast.Store(-1)
+	lastDue := time.AfterFunc(time.Until(dueLast), func() { byLast.Store(s.unique.Load()) })
+	defer lastDue.Stop()
 	if b.o.outageRestart {
 		if stop, err = r.Start(ctx, target); err != nil {
 			return oc, snapshot(), err
@@ -283,6 +295,7 @@ func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency t
 	stopped = true
 	st = snapshot()
 	st.failedPublishes = target.failed.Load()
+	st.byLastDue = byLast.Load()
 	oc.n = n
 	if first := target.first.Load(); first > 0 {
 		// Delivered before its retry was due: the outage did not hold the
