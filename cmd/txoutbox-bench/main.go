@@ -48,36 +48,38 @@ import (
 )
 
 type options struct {
-	db            string // postgres or mysql
-	url           string // PostgreSQL URL, or the MySQL DSN with -db mysql
-	messages      int
-	keys          int
-	payload       int
-	perTx         int
-	producers     int
-	latencies     []time.Duration
-	batches       []int
-	forwarders    []int
-	stricts       []bool
-	concurrency   []int // empty: by latency, see concurrenciesFor
-	poll          time.Duration
-	rate          int
-	duration      time.Duration
-	wmPolls       []time.Duration
-	wmLatMsgs     int
-	scenarios     map[string]bool
-	rssRows       int
-	rssDrain      int
-	runTimeout    time.Duration
-	quick         bool
-	deleteOnAck   bool
-	peer          bool          // run Watermill's forwarder too
-	repeat        int           // drain runs per setting; the median is reported
-	cpuProfile    string        // write a CPU profile of this process here
-	hotMsgs       int           // messages of each hotkey run
-	outageRows    int           // backlog of the outage scenario
+	db          string // postgres or mysql
+	url         string // PostgreSQL URL, or the MySQL DSN with -db mysql
+	messages    int
+	keys        int
+	payload     int
+	perTx       int
+	producers   int
+	latencies   []time.Duration
+	batches     []int
+	forwarders  []int
+	stricts     []bool
+	concurrency []int // empty: by latency, see concurrenciesFor
+	poll        time.Duration
+	rate        int
+	duration    time.Duration
+	wmPolls     []time.Duration
+	wmLatMsgs   int
+	scenarios   map[string]bool
+	rssRows     int
+	rssDrain    int
+	runTimeout  time.Duration
+	quick       bool
+	deleteOnAck bool
+	peer        bool   // run Watermill's forwarder too
+	repeat      int    // drain runs per setting; the median is reported
+	cpuProfile  string // write a CPU profile of this process here
+	hotMsgs     int    // messages of each hotkey run
+
+	// the outage scenario
+	outageRows    int           // backlog
 	outageRetry   time.Duration // retry delay of the heads failed in the outage
-	outageRestart bool          // outage: fresh forwarders when every retry is due
+	outageRestart bool          // fresh forwarders when every retry is due
 }
 
 func main() {
