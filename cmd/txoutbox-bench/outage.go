@@ -116,7 +116,6 @@ func (b *bench) outage(ctx context.Context) error {
 		byLast = strconv.FormatInt(st.byLastDue, 10)
 	}
 	timed := "the first retry due, forwarders kept running"
-
 	if b.o.outageRestart {
 		timed = "the last retry due, fresh forwarders started then"
 	}
