@@ -77,9 +77,9 @@ type options struct {
 	hotMsgs     int    // messages of each hotkey run
 
 	// the outage scenario
-	outageRows    int           // backlog
-	outageRetry   time.Duration // retry delay of the heads failed in the outage
-	outageRestart bool          // fresh forwarders when every retry is due
+	outageRows        int           // backlog
+	outageRetry       time.Duration // retry delay of the heads failed in the outage
+	outageKeepRunning bool          // no fresh forwarders when every retry is due
 }
 
 func main() {
@@ -137,7 +137,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.hotMsgs, "hot-messages", 3000, "messages of each hotkey run")
 	fs.IntVar(&o.outageRows, "outage-rows", 200_000, "backlog of the outage scenario")
 	fs.DurationVar(&o.outageRetry, "outage-backoff", 30*time.Second, "outage scenario: retry delay of the failed heads (Backoff.Base = Max, no jitter); must outlast the outage phase (every key's head failing)")
-	fs.BoolVar(&o.outageRestart, "outage-restart", false, "outage scenario: stop the forwarders once every head has failed and start fresh ones when the last retry is due, timed from then (default: they keep running, timed from the first retry due)")
+	fs.BoolVar(&o.outageKeepRunning, "outage-keep-running", false, "outage scenario: keep the forwarders running after the outage and time the drain from the first retry due (paced by the retries coming due); by default they stop once every head has failed, and fresh ones start when the last retry is due, timed from then")
 	fs.IntVar(&o.rssRows, "rss-rows", 1_000_000, "pending rows of the rss scenario")
 	fs.IntVar(&o.rssDrain, "rss-drain", 200_000, "rows the rss child forwards before its peak RSS is read")
 	fs.BoolVar(&skipRSS, "skip-rss", false, "skip the rss scenario (inserting its backlog takes a while)")

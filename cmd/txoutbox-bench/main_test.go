@@ -166,7 +166,7 @@ func TestParseFlagsRejectsBadInput(t *testing.T) {
 }
 
 // TestOutageDrainsWithoutLoss runs the outage scenario on a tiny backlog,
-// with the forwarders kept running and with fresh ones after the outage:
+// with fresh forwarders after the outage and with the forwarders kept running:
 // every key's head refused and nacked once, nothing dead-lettered, the
 // backlog then drained with no loss and no duplicate, and the tables dropped.
 // The subtests run one after another: table names are unique per bench, not
@@ -178,8 +178,8 @@ func TestOutageDrainsWithoutLoss(t *testing.T) {
 		extra []string
 		timed string
 	}{
-		{"running", nil, "timed from the first retry due"},
-		{"restart", []string{"-outage-restart"}, "timed from the last retry due"},
+		{"restart", nil, "timed from the last retry due"},
+		{"keep-running", []string{"-outage-keep-running"}, "timed from the first retry due"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"-quick", "-url", url, "-scenarios", "outage", "-outage-rows", "600", "-keys", "20",

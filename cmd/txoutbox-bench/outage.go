@@ -71,14 +71,15 @@ type outageStats struct {
 // ordering is on: -outage-rows rows over -keys keys; while the broker is down
 // the forwarders claim, every key's head fails, is nacked by the forwarder
 // through the storage with the retry delay -outage-backoff, and the rest of
-// its key waits behind it. Once every key's head is nacked the broker is back;
-// the drain is timed from the moment the first retry is due to the last
-// delivery, so it includes the forwarders finding out (their idle poll), the
-// keys coming due one after another as they failed, and every claim over the
-// rows the outage left. With -outage-restart the forwarders stop once every
-// head has failed and fresh ones start when the last retry is due: the drain
-// is timed from then, on a backlog that is due all at once. It runs at the
-// first -latency, -batch and -forwarders value, the normal drain first.
+// its key waits behind it. Once every key's head is nacked the broker is back
+// and the forwarders stop; fresh ones start when the last retry is due, and
+// the drain is timed from then to the last delivery: the drain rate of the
+// backlog the outage left, every key due at once, from the same start as the
+// normal drain. The retry times are spread over about the outage phase's
+// length (16 s with 10,000 keys here), so a drain timed from the first retry
+// due with the forwarders kept running (-outage-keep-running) is paced by the
+// retries coming due as much as by the relay. It runs at the first -latency,
+// -batch and -forwarders value, the normal drain first.
 func (b *bench) outage(ctx context.Context) error {
 	lat, batch, fw := b.o.latencies[0], b.o.batches[0], b.o.forwarders[0]
 	conc := b.concurrencyFor(lat)
@@ -115,9 +116,9 @@ func (b *bench) outage(ctx context.Context) error {
 	if st.byLastDue >= 0 {
 		byLast = strconv.FormatInt(st.byLastDue, 10)
 	}
-	timed := "the first retry due, forwarders kept running"
-	if b.o.outageRestart {
-		timed = "the last retry due, fresh forwarders started then"
+	timed := "the last retry due, fresh forwarders started then"
+	if b.o.outageKeepRunning {
+		timed = "the first retry due, forwarders kept running"
 	}
 	settings := fmt.Sprintf("txoutbox col: drain after the outage, timed from %s; watermill col: normal drain of the same backlog, by txoutbox; "+
 		"rows=%d keys=%d latency=%s batch=%d fwd=%d strict=on conc=%d retry=%s; outage %s: %d heads refused and nacked (1 per key, re-published once), %d released, %d dead-lettered; retries due over %s, %s delivered by the last one, first delivery +%s; target outage/normal >= 0.70x",
@@ -252,7 +253,7 @@ func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency t
 			s.outage.Round(time.Millisecond), b.o.outageRetry)
 	}
 	from := dueFirst
-	if b.o.outageRestart {
+	if !b.o.outageKeepRunning {
 		// Run returns once it has given back what it held; nothing runs
 		// until every retry is due.
 		stop()
@@ -266,8 +267,8 @@ func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency t
 	b.progress("outage: %d heads nacked in %s; broker back, retries due in %s to %s", keys, outage.Round(time.Millisecond),
 		time.Until(dueFirst).Round(time.Millisecond), time.Until(dueLast).Round(time.Millisecond))
 
-	// The recovery, timed from the first retry due, or with -outage-restart
-	// from the last one, when fresh forwarders start.
+	// The recovery, timed from the last retry due, when fresh forwarders
+	// start, or with -outage-keep-running from the first one.
 	wait := time.NewTimer(time.Until(from))
 	select {
 	case <-wait.C:
@@ -282,7 +283,7 @@ func (b *bench) outageRun(ctx context.Context, cfg relayConfig, n int, latency t
 	byLast.Store(-1)
 	lastDue := time.AfterFunc(time.Until(dueLast), func() { byLast.Store(s.unique.Load()) })
 	defer lastDue.Stop()
-	if b.o.outageRestart {
+	if !b.o.outageKeepRunning {
 		if stop, err = r.Start(ctx, target); err != nil {
 			return oc, snapshot(), err
 		}
