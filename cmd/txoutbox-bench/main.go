@@ -14,7 +14,11 @@
 // a fixed offered load; txoutbox woken by LISTEN/NOTIFY, Watermill polling),
 // hotkey (a backlog on one key, then on 10 keys carrying half the messages,
 // 1 ms broker latency, several forwarders and leases renewed while a key's
-// batch goes: msgs/s and duplicates, which must be none), rss (txoutbox forwarder peak RSS over a large backlog, in a child process).
+// batch goes: msgs/s and duplicates, which must be none), rss (txoutbox forwarder peak RSS over a large backlog, in a child process),
+// outage (txoutbox alone: a backlog of -outage-rows whose every key's head
+// failed against a broker that was down and waits for its retry; the drain
+// rate from the moment the retries are due, against the normal drain rate of
+// the same backlog; not in the default list, as it adds minutes).
 // The target is an in-process publisher that sleeps -latency per Publish call
 // and counts deliveries per message: any lost message makes the command exit 1.
 package main
@@ -71,6 +75,11 @@ type options struct {
 	repeat      int    // drain runs per setting; the median is reported
 	cpuProfile  string // write a CPU profile of this process here
 	hotMsgs     int    // messages of each hotkey run
+
+	// the outage scenario
+	outageRows        int           // backlog
+	outageRetry       time.Duration // retry delay of the heads failed in the outage
+	outageKeepRunning bool          // no fresh forwarders when every retry is due
 }
 
 func main() {
@@ -124,8 +133,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of the latency scenario")
 	fs.StringVar(&wmPolls, "wm-poll", "1ms,10ms", "watermill poll intervals tried in the latency scenario; the best is reported (list)")
 	fs.IntVar(&o.wmLatMsgs, "wm-latency-messages", 5000, "cap on messages of watermill drains with broker latency (it forwards one at a time)")
-	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,hotkey,rss", "scenarios to run (list); hotkey: one key, then 10 keys carrying half the messages, 1 ms broker latency, the most -forwarders, a 2 s lease; with -db mysql the default is insert,drain,steady")
+	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,hotkey,rss", "scenarios to run (list); hotkey: one key, then 10 keys carrying half the messages, 1 ms broker latency, the most -forwarders, a 2 s lease; outage (not in the default list, it adds minutes): txoutbox alone, strict ordering, a backlog of -outage-rows over -keys keys whose every key's head failed while the broker was down, drained once the retries are due, against a normal drain of the same backlog, at the first -latency, -batch and -forwarders; with -db mysql the default is insert,drain,steady")
 	fs.IntVar(&o.hotMsgs, "hot-messages", 3000, "messages of each hotkey run")
+	fs.IntVar(&o.outageRows, "outage-rows", 200_000, "backlog of the outage scenario")
+	fs.DurationVar(&o.outageRetry, "outage-backoff", 30*time.Second, "outage scenario: retry delay of the failed heads (Backoff.Base = Max, no jitter); must outlast the outage phase (every key's head failing)")
+	fs.BoolVar(&o.outageKeepRunning, "outage-keep-running", false, "outage scenario: keep the forwarders running after the outage and time the drain from the first retry due (paced by the retries coming due); by default they stop once every head has failed, and fresh ones start when the last retry is due, timed from then")
 	fs.IntVar(&o.rssRows, "rss-rows", 1_000_000, "pending rows of the rss scenario")
 	fs.IntVar(&o.rssDrain, "rss-drain", 200_000, "rows the rss child forwards before its peak RSS is read")
 	fs.BoolVar(&skipRSS, "skip-rss", false, "skip the rss scenario (inserting its backlog takes a while)")
@@ -152,7 +164,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			scenarios = "insert,drain,steady"
 		}
 		for _, sc := range strings.Split(scenarios, ",") {
-			if sc == "latency" || sc == "rss" || sc == "hotkey" {
+			if sc == "latency" || sc == "rss" || sc == "hotkey" || sc == "outage" {
 				return o, fmt.Errorf("-scenarios %s: not available with -db mysql (it needs LISTEN/NOTIFY, the PostgreSQL child, or is not ported to MySQL yet)", sc)
 			}
 		}
@@ -192,7 +204,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	for _, s := range strings.Split(scenarios, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "insert", "drain", "steady", "latency", "hotkey", "rss":
+		case "insert", "drain", "steady", "latency", "hotkey", "rss", "outage":
 			o.scenarios[s] = true
 		case "":
 		default:
@@ -212,7 +224,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			"rss-rows": func() { o.rssRows = 20000 }, "rss-drain": func() { o.rssDrain = 5000 },
 			"wm-latency-messages": func() { o.wmLatMsgs = 300 }, "batch": func() { o.batches = []int{100} },
 			"hot-messages": func() { o.hotMsgs = 300 },
-			"forwarders":   func() { o.forwarders = []int{1, 2} }, "wm-poll": func() { o.wmPolls = []time.Duration{10 * time.Millisecond} },
+			"outage-rows":  func() { o.outageRows = 2000 }, "outage-backoff": func() { o.outageRetry = 3 * time.Second },
+			"forwarders": func() { o.forwarders = []int{1, 2} }, "wm-poll": func() { o.wmPolls = []time.Duration{10 * time.Millisecond} },
 		}
 		for name, apply := range quick {
 			if !set[name] {
@@ -227,6 +240,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.keys < 0 || o.payload < 0 {
 		return o, errors.New("-keys and -payload must be >= 0")
+	}
+	if o.scenarios["outage"] {
+		switch {
+		case o.outageRows <= 0 || o.outageRetry <= 0:
+			return o, errors.New("-outage-rows and -outage-backoff must be > 0")
+		case o.keys == 0:
+			return o, errors.New("-scenarios outage needs -keys > 0: it measures keys held behind their failed heads")
+		}
 	}
 	for _, c := range o.concurrency {
 		if c <= 0 {
@@ -306,7 +327,7 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 		name string
 		fn   func(context.Context) error
 	}{
-		{"drain", b.drain}, {"insert", b.insert}, {"steady", b.steady}, {"latency", b.latency}, {"hotkey", b.hotkey}, {"rss", b.rss},
+		{"drain", b.drain}, {"insert", b.insert}, {"steady", b.steady}, {"latency", b.latency}, {"hotkey", b.hotkey}, {"outage", b.outage}, {"rss", b.rss},
 	}
 	for _, s := range steps {
 		if !o.scenarios[s.name] {

@@ -150,6 +150,7 @@ func TestPlanKeepsEachKeyOnOneProducerInOrder(t *testing.T) {
 func TestParseFlagsRejectsBadInput(t *testing.T) {
 	for _, args := range [][]string{
 		{"-latency", "fast"}, {"-batch", "0"}, {"-strict", "maybe"}, {"-scenarios", "nope"}, {"extra"},
+		{"-scenarios", "outage", "-keys", "0"}, {"-scenarios", "outage", "-outage-rows", "0"}, {"-db", "mysql", "-scenarios", "outage"},
 	} {
 		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("parseFlags(%q) succeeded", args)
@@ -161,5 +162,71 @@ func TestParseFlagsRejectsBadInput(t *testing.T) {
 	}
 	if o.messages != 77 || o.keys != 100 || o.scenarios["rss"] {
 		t.Errorf("-quick with -messages 77 -skip-rss: messages %d keys %d rss %v", o.messages, o.keys, o.scenarios["rss"])
+	}
+}
+
+// TestOutageDrainsWithoutLoss runs the outage scenario on a tiny backlog,
+// with fresh forwarders after the outage and with the forwarders kept running:
+// every key's head refused and nacked once, nothing dead-lettered, the
+// backlog then drained with no loss and no duplicate, and the tables dropped.
+// The subtests run one after another: table names are unique per bench, not
+// per process.
+func TestOutageDrainsWithoutLoss(t *testing.T) {
+	url := databaseURL(t)
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		timed string
+	}{
+		{"restart", nil, "timed from the last retry due"},
+		{"keep-running", []string{"-outage-keep-running"}, "timed from the first retry due"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"-quick", "-url", url, "-scenarios", "outage", "-outage-rows", "600", "-keys", "20",
+				"-batch", "50", "-latency", "0", "-forwarders", "1", "-outage-backoff", "5s"}, tc.extra...)
+			o, err := parseFlags(args, os.Stderr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			code, err := run(t.Context(), o, &out)
+			if err != nil || code != 0 {
+				t.Fatalf("run = %d, %v; output:\n%s", code, err, out.String())
+			}
+			text := out.String()
+			var line string
+			for l := range strings.Lines(text) {
+				if strings.HasPrefix(l, "outage ") {
+					line = l
+				}
+			}
+			if line == "" {
+				t.Fatalf("no outage row:\n%s", text)
+			}
+			for _, want := range []string{tc.timed, "rows=600 keys=20", "20 heads refused and nacked", "0 dead-lettered"} {
+				if !strings.Contains(line, want) {
+					t.Errorf("outage row lacks %q:\n%s", want, line)
+				}
+			}
+			if got := strings.Count(line, " 0/0 "); got != 2 {
+				t.Errorf("outage row: want dup/lost 0/0 for both drains:\n%s", line)
+			}
+			if strings.Contains(text, "FAIL") {
+				t.Errorf("output reports a failure:\n%s", text)
+			}
+			conn, err := pgx.Connect(t.Context(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.WithoutCancel(t.Context()))
+			var left int
+			if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE tablename LIKE $1`,
+				"bench\\_%\\_"+strconv.Itoa(os.Getpid())+"\\_%").Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			if left != 0 {
+				t.Errorf("%d bench tables left behind", left)
+			}
+		})
 	}
 }

@@ -38,6 +38,11 @@ type relayConfig struct {
 	deleteOnAck bool // txoutbox only
 	// txoutbox only, 0 for the defaults
 	lease, publishTimeout time.Duration
+	// txoutbox only, zero for the defaults: the retry settings and an
+	// outcome hook (the outage scenario)
+	maxAttempts int
+	backoff     txoutbox.Backoff
+	onOutcome   func(txoutbox.Outcome)
 }
 
 // relay is one system under test.
@@ -133,6 +138,9 @@ func (r *txoRelay) Start(ctx context.Context, target message.Publisher) (func(),
 			PollMax:        max(r.cfg.poll, 100*time.Millisecond),
 			Lease:          r.cfg.lease,
 			PublishTimeout: r.cfg.publishTimeout,
+			MaxAttempts:    r.cfg.maxAttempts,
+			Backoff:        r.cfg.backoff,
+			OnOutcome:      r.cfg.onOutcome,
 		}, nil)
 		if err != nil {
 			cancel()
