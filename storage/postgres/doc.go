@@ -57,11 +57,12 @@
 // of the held index per candidate.
 //
 // During a rolling upgrade from schema version 3, processes of the earlier
-// version ignore the hold column: they may claim a parked row once what held
-// it was delivered (in order: their check still sees every waiting record),
-// and their acks set no parked row free. Rows that such an ack left parked go
-// out once every process runs this version and a delivery of their key, a
-// re-drive or a skip comes by; finish the upgrade before a key goes quiet.
+// version ignore the hold column. Order per key holds: a record they fail for
+// later is given its hold by the next claim of this version (their nack
+// takes the same lock), and their claims still see every waiting record.
+// Their acks set no parked row free; a sweep does, once a minute. Their
+// claims walk without the index they were written for (step 4 replaces it),
+// so finish the upgrade soon.
 //
 // # Key slots
 //

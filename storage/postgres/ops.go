@@ -84,12 +84,21 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// The visibility delay needs no clause here: created_at is taken at
 	// insert (clock_timestamp), so an earlier id is never younger than a row
 	// that is old enough to claim.
-	held := func(a string) string {
+	//
+	// held(a, park) is that check for the row aliased a. When it decides a
+	// parking (park), a failed record holds its key only while it is not in
+	// flight: its owner's ack takes no lock and could miss a row parked
+	// behind it meanwhile.
+	held := func(a string, park bool) string {
 		q := fmt.Sprintf(`EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.hold IS NOT NULL AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id))`, t, a)
 		if holdDead {
+			idle := ""
+			if park {
+				idle = fmt.Sprintf(" AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id = e.id AND y.leased_until > clock_timestamp())", leases)
+			}
 			q += fmt.Sprintf(`
               OR EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'dead' AND e.key <> '' AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id))
-              OR EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.key <> '' AND e.last_error IS NOT NULL AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id))`, t, a)
+              OR EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.key <> '' AND e.last_error IS NOT NULL AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id)%[3]s)`, t, a, idle)
 		}
 		return "(" + q + ")"
 	}
@@ -183,19 +192,24 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 		// outage parks each row once, when its key's head fails, not in the
 		// claims that follow, and no statement grows with the backlog of a
 		// key. Under the claim lock, like every parking (see writeBack).
-		// Both return the rows they looked at, the last of them, and
-		// whether the head still holds its key.
+		// Both return how many rows they parked, the last row they looked
+		// at, whether the head still holds its key, and the key. (A nack
+		// again of a record whose rows are parked already parks none and
+		// goes no further.)
 		holds := "n.hold IS NOT NULL"
 		headHolds := "h.hold IS NOT NULL"
 		if holdDead {
-			holds, headHolds = "true", "(h.hold IS NOT NULL OR h.last_error IS NOT NULL)"
+			holds = "true"
+			headHolds = fmt.Sprintf(`(h.hold IS NOT NULL OR (h.last_error IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id = h.id AND y.leased_until > clock_timestamp())))`, leases)
 		}
 		parkRows := func(from string) string {
 			return fmt.Sprintf(`p AS (
     UPDATE %[1]s f SET hold = 'behind'
     WHERE f.status = 'pending' AND f.hold IS NULL AND f.id = ANY(ARRAY(SELECT x.id FROM x))
-      AND NOT EXISTS (SELECT 1 FROM %[2]s y WHERE y.id = f.id AND y.leased_until > clock_timestamp()))
-SELECT (SELECT count(*) FROM x), (SELECT COALESCE(max(x.id), 0) FROM x), %[3]s`, t, leases, from)
+      AND NOT EXISTS (SELECT 1 FROM %[2]s y WHERE y.id = f.id AND y.leased_until > clock_timestamp())
+    RETURNING f.key)
+SELECT (SELECT count(*) FROM p), (SELECT COALESCE(max(x.id), 0) FROM x), %[3]s, (SELECT COALESCE(min(p.key), '') FROM p)`, t, leases, from)
 		}
 		nack = fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`, n AS (
     UPDATE %[1]s o SET attempts = l.attempts, last_error = $3, due_at = $4,
@@ -220,7 +234,7 @@ x AS (
 		// Released rows behind a held record are parked at once.
 		release = fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
     hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry' WHEN o.key <> '' AND %s THEN 'behind' END
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, held("o"))
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, held("o", true))
 		// A delivered record sets free the rows parked behind it, and so
 		// does a dead one unless dead records hold their key.
 		ack = fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
@@ -299,7 +313,7 @@ i AS (
           AND (o.key = '' OR (o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807)
               AND (NOT (SELECT g FROM anyheld) OR NOT %[8]s)))
         ORDER BY o.id
-        LIMIT $1%[6]s`, fenceOpen, fenceCol, t, slots, due, fenceClose, mine, held("o"))
+        LIMIT $1%[6]s`, fenceOpen, fenceCol, t, slots, due, fenceClose, mine, held("o", false))
 		}
 		// park: the held rows of the claimer's own slots that its walk
 		// passed (up to the last row it took, or all of them when it did not
@@ -314,7 +328,7 @@ i AS (
           AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
           AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
         ORDER BY p.id
-        LIMIT %[3]d))),`, t, held("p"), parkChunk)
+        LIMIT %[3]d))),`, t, held("p", true), parkChunk)
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[14]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
@@ -429,7 +443,16 @@ FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotC
 		// so that it bounds the scan of the retry index: compared row by row
 		// it was a filter over every row waiting, 4 ms a claim with 10
 		// thousand.)
-		wake: fmt.Sprintf(`UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'retry' AND id = ANY(ARRAY(
+		//
+		// A row that a process of schema version 3 failed for later (it
+		// knows no hold) is first given its hold, so that it holds its key
+		// back: that process's nack takes the same lock, so none slips in
+		// between this statement and the claim's.
+		wake: fmt.Sprintf(`WITH adopt AS (
+    UPDATE %[1]s SET hold = 'retry' WHERE status = 'pending' AND hold IS NULL AND due_at > created_at AND id = ANY(ARRAY(
+        SELECT id FROM %[1]s WHERE status = 'pending' AND hold IS NULL AND due_at > created_at AND due_at > (SELECT clock_timestamp())
+        ORDER BY due_at LIMIT 10000 FOR UPDATE SKIP LOCKED)))
+UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'retry' AND id = ANY(ARRAY(
     SELECT id FROM %[1]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= (SELECT clock_timestamp())
     ORDER BY due_at LIMIT 10000 FOR UPDATE SKIP LOCKED))`, t),
 
@@ -511,7 +534,7 @@ ON CONFLICT (worker_id) DO UPDATE SET seen_until = GREATEST(%[1]s.seen_until, ex
 // strict ordering also the advisory lock) and the claim as one batch: one
 // round trip, one implicit transaction, and the claim's snapshot is taken
 // after the lock is held.
-func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
+func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage.Record, err error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 || p.WorkerID == "" {
 		return nil, fmt.Errorf("claim outbox rows: need BatchSize > 0, Lease > 0 and a WorkerID (got %d, %s, %q)", p.BatchSize, p.Lease, p.WorkerID)
 	}
@@ -530,6 +553,14 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	b.Queue(s.q.claim, args...)
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close() //nolint:errcheck // the results are read and checked below; Close would repeat their error
+	if sweep {
+		// A claim that fails rolls its sweep back: the next one sweeps.
+		defer func() {
+			if err != nil {
+				s.nextSweep.Store(0)
+			}
+		}()
+	}
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: planner settings or advisory lock: %w", s.table, err)
 	}
@@ -538,7 +569,6 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	}
 	if sweep {
 		if _, err := br.Exec(); err != nil {
-			s.nextSweep.Store(0) // the next claim tries again
 			return nil, fmt.Errorf("claim outbox rows from %s: set free parked rows nothing holds: %w", s.table, err)
 		}
 	}
@@ -598,18 +628,12 @@ func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 	// the claim lock, so that claims go on between them. The nack itself is
 	// the first; the rest is best effort (a claim parks what is left, as it
 	// meets it), and stops when ctx is done.
-	looked, last, holds, err := s.park(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt)
+	parked, last, holds, key, err := s.park(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt)
 	if err != nil {
 		return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
 	}
-	var key string
-	if looked == parkChunk && holds {
-		if err := s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT key FROM %s WHERE id = $1`, s.table), p.ID).Scan(&key); err != nil {
-			return nil //nolint:nilerr // the nack is done; the claims park the rest
-		}
-	}
-	for looked == parkChunk && holds && ctx.Err() == nil {
-		if looked, last, holds, err = s.park(ctx, s.q.parkMore, key, last, p.ID); err != nil {
+	for parked == parkChunk && holds && ctx.Err() == nil {
+		if parked, last, holds, _, err = s.park(ctx, s.q.parkMore, key, last, p.ID); err != nil {
 			return nil //nolint:nilerr // the nack is done; the claims park the rest
 		}
 	}
@@ -617,20 +641,21 @@ func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 }
 
 // park runs a parking statement (the nack, or parkMore) under the claim
-// lock and returns how many rows it looked at, the last of them and whether
-// the record they are parked behind still holds its key.
-func (s *Storage) park(ctx context.Context, sql string, args ...any) (looked, last int64, holds bool, err error) {
+// lock and returns how many rows it parked, the last row it looked at,
+// whether the record they are parked behind still holds its key, and the
+// key.
+func (s *Storage) park(ctx context.Context, sql string, args ...any) (parked, last int64, holds bool, key string, err error) {
 	b := &pgx.Batch{}
 	b.Queue(s.q.writePlanLock, s.table)
 	b.Queue(sql, args...)
 	br := s.pool.SendBatch(ctx, b)
 	if _, err = br.Exec(); err == nil {
-		err = br.QueryRow().Scan(&looked, &last, &holds)
+		err = br.QueryRow().Scan(&parked, &last, &holds, &key)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return looked, last, holds, err
+	return parked, last, holds, key, err
 }
 
 // Release implements [storage.Storage].
@@ -646,9 +671,13 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 
 // DeadLetter implements [storage.Storage].
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
-	// No advisory lock: a dead row holds nothing back, so a claim running
-	// meanwhile may hand out the next row of its key either way.
-	if err := s.exec(ctx, false, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
+	// Without HoldOnDeadLetter no advisory lock: a dead row holds nothing
+	// back, so a claim running meanwhile may hand out the next row of its
+	// key either way. With it, the lock: a claim that saw the row's lease
+	// run out could otherwise fail to take it over (the dead-letter deleted
+	// the lease) and still hand out the next row of its key.
+	lock := s.config.HoldOnDeadLetter && !s.config.DisableStrictOrdering
+	if err := s.exec(ctx, lock, s.q.deadLetter, p.ID, p.WorkerID, p.Error); err != nil {
 		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
 	}
 	return nil

@@ -26,6 +26,13 @@ CREATE INDEX IF NOT EXISTS {name:retry_idx} ON {table} (due_at) WHERE status = '
 -- rows of a key, in id order, that a delivery sets free.
 CREATE INDEX IF NOT EXISTS {name:held_idx} ON {table} (key, id) WHERE status = 'pending' AND hold IS NOT NULL;
 
+-- Rows that a process of version 3 nacks or releases for later while this
+-- version runs beside it (a rolling upgrade) get no hold: a claim finds them
+-- here and sets their hold to 'retry' before it walks. The index holds only
+-- those rows and the rows released or re-driven due at once, until claimed.
+CREATE INDEX IF NOT EXISTS {name:unheld_retry_idx} ON {table} (due_at)
+    WHERE status = 'pending' AND hold IS NULL AND due_at > created_at;
+
 -- Rows waiting for a retry when this step runs (failed under an earlier
 -- version) wait in the retry index from now on.
 UPDATE {table} SET hold = 'retry'
