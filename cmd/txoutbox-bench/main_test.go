@@ -65,19 +65,7 @@ func TestQuickRunsEveryScenario(t *testing.T) {
 	if strings.Contains(text, "FAIL") {
 		t.Errorf("output reports a failure:\n%s", text)
 	}
-	conn, err := pgx.Connect(t.Context(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.WithoutCancel(t.Context()))
-	var left int
-	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE tablename LIKE $1`,
-		"bench\\_%\\_"+strconv.Itoa(os.Getpid())+"\\_%").Scan(&left); err != nil {
-		t.Fatal(err)
-	}
-	if left != 0 {
-		t.Errorf("%d bench tables left behind", left)
-	}
+	checkNoBenchTables(t, url)
 }
 
 func messageWithUUID(uuid string) *message.Message { return message.NewMessage(uuid, nil) }
@@ -214,19 +202,25 @@ func TestOutageDrainsWithoutLoss(t *testing.T) {
 			if strings.Contains(text, "FAIL") {
 				t.Errorf("output reports a failure:\n%s", text)
 			}
-			conn, err := pgx.Connect(t.Context(), url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(context.WithoutCancel(t.Context()))
-			var left int
-			if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE tablename LIKE $1`,
-				"bench\\_%\\_"+strconv.Itoa(os.Getpid())+"\\_%").Scan(&left); err != nil {
-				t.Fatal(err)
-			}
-			if left != 0 {
-				t.Errorf("%d bench tables left behind", left)
-			}
+			checkNoBenchTables(t, url)
 		})
+	}
+}
+
+// checkNoBenchTables fails the test if this process left bench tables behind.
+func checkNoBenchTables(t *testing.T, url string) {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.WithoutCancel(t.Context()))
+	var left int
+	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE tablename LIKE $1`,
+		"bench\\_%\\_"+strconv.Itoa(os.Getpid())+"\\_%").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d bench tables left behind", left)
 	}
 }

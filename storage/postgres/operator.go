@@ -227,24 +227,8 @@ i AS (
     SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d),
 u AS (%s)
 SELECT count(*) FROM d`, s.table, s.skipped, s.q.unpark)
-	b := &pgx.Batch{}
-	if !s.config.DisableStrictOrdering {
-		b.Queue(s.q.writePlanLock, s.table)
-	}
-	b.Queue(q, params.ID, params.Reason)
-	br := s.pool.SendBatch(ctx, b)
-	if !s.config.DisableStrictOrdering {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close() // the error above is the one to report
-			return fmt.Errorf("skip outbox record %d of %s: claim lock: %w", params.ID, s.table, err)
-		}
-	}
 	var n int64
-	err := br.QueryRow().Scan(&n)
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := s.queryRow(ctx, !s.config.DisableStrictOrdering, []any{&n}, q, params.ID, params.Reason); err != nil {
 		return fmt.Errorf("skip outbox record %d of %s: %w", params.ID, s.table, err)
 	}
 	if n == 1 {

@@ -104,7 +104,8 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	}
 	// anyHeld: is any row held at all? Read once per statement, it spares
 	// the probes above (and the parking walk) when nothing is held.
-	anyHeld := fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND hold IS NOT NULL)`, t)
+	holdSet := fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND hold IS NOT NULL)`, t)
+	anyHeld := holdSet
 	if holdDead {
 		anyHeld += fmt.Sprintf(`
     OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'dead' AND key <> '')
@@ -123,7 +124,7 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
     SELECT b.id FROM (SELECT DISTINCT d.key FROM d WHERE d.key <> '' AND %[2]s) k
     CROSS JOIN LATERAL (
         SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.hold IS NOT NULL AND b.key = k.key
-        ORDER BY b.id LIMIT 1000) b))`, t, fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND hold IS NOT NULL)`, t))
+        ORDER BY b.id LIMIT 1000) b))`, t, holdSet)
 	// Every write-back deletes the worker's lease and updates the outbox row
 	// in one statement: the lease is the fence (a lease taken over by another
 	// worker has another leased_by, so the write-back matches nothing), and
@@ -177,13 +178,16 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 		sweepDead = fmt.Sprintf(`
       AND NOT EXISTS (SELECT 1 FROM %s e WHERE e.status = 'dead' AND e.key <> '' AND e.key = k.key AND (e.key, e.id) < (k.key, k.id))`, t)
 	}
-	nack := fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = l.attempts, last_error = $3, due_at = $4,
-    hold = CASE WHEN $4::timestamptz > clock_timestamp() THEN 'retry' END
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	// A nacked or released row due later waits in the retry index.
+	nackSet := `attempts = l.attempts, last_error = $3, due_at = $4,
+    hold = CASE WHEN $4::timestamptz > clock_timestamp() THEN 'retry' END`
+	nack := fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET %s
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, nackSet)
 	parkMore := "" // strict ordering only
-	release := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
-    hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry' END
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
+	releaseSet := `attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
+    hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry'`
+	release := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET %s END
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
 	if strict {
 		// A nack that holds its key (a retry later, or a failure that
 		// holds the key's later records with HoldOnDeadLetter) parks the
@@ -212,8 +216,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 SELECT (SELECT count(*) FROM p), (SELECT COALESCE(max(x.id), 0) FROM x), %[3]s, (SELECT COALESCE(min(p.key), '') FROM p)`, t, leases, from)
 		}
 		nack = fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`, n AS (
-    UPDATE %[1]s o SET attempts = l.attempts, last_error = $3, due_at = $4,
-        hold = CASE WHEN $4::timestamptz > clock_timestamp() THEN 'retry' END
+    UPDATE %[1]s o SET %[5]s
     FROM l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.key, o.hold),
 x AS (
@@ -221,7 +224,7 @@ x AS (
         SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.key <> '' AND b.key = n.key AND (b.key, b.id) > (n.key, n.id)
         ORDER BY b.id LIMIT %[2]d) b
     WHERE n.key <> '' AND %[3]s),
-%[4]s`, t, parkChunk, holds, parkRows(fmt.Sprintf("(SELECT COALESCE(bool_or(%s), false) FROM n)", holds)))
+%[4]s`, t, parkChunk, holds, parkRows(fmt.Sprintf("(SELECT COALESCE(bool_or(%s), false) FROM n)", holds)), nackSet)
 		// The next parkChunk rows of key $1 after id $2, while the record
 		// $3 still holds the key.
 		parkMore = fmt.Sprintf(`WITH hd AS MATERIALIZED (
@@ -232,9 +235,8 @@ x AS (
     ORDER BY b.id LIMIT %[2]d),
 %[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"))
 		// Released rows behind a held record are parked at once.
-		release = fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
-    hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry' WHEN o.key <> '' AND %s THEN 'behind' END
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, held("o", true))
+		release = fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s THEN 'behind' END
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet, held("o", true))
 		// A delivered record sets free the rows parked behind it, and so
 		// does a dead one unless dead records hold their key.
 		ack = fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
@@ -294,13 +296,13 @@ i AS (
 		// of a worker that died, other than those it still holds, go out at
 		// once, and so does a small backlog whoever owns it. Which slots a worker walks never decides what is
 		// claimable: every key lives in one slot, and the held-back check is
-		// the same for all of them: the maps are built from every live lease
-		// and rescheduled row, not from the own slots' only, so that order
+		// the same for all of them: the lease map is built from every live
+		// lease and the probes read every held row, not the own slots' only, so that order
 		// per key never rests on every row of a key having the same slot
 		// (it would not, should hashtext change under a pg_upgrade with rows
 		// pending).
 		//
-		// walk is one walk over the pending index: the rows of a slot range
+		// walk is one walk over the ready index: the rows of a slot range
 		// that are due, not leased and not held back, in id order, at most
 		// $1 (with CommitFence, up to the first fenced row of each key).
 		walk := func(slots string, mine bool) string {
@@ -430,7 +432,8 @@ FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotC
 		ack: ack,
 
 		// A nacked or released row due later waits in the retry index
-		// (hold 'retry') until a claim finds it due: it leaves the walk.
+		// (hold 'retry') until a claim finds it due (wake): it leaves the
+		// walk.
 		nack:     nack,
 		parkMore: parkMore,
 
@@ -645,16 +648,7 @@ func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 // whether the record they are parked behind still holds its key, and the
 // key.
 func (s *Storage) park(ctx context.Context, sql string, args ...any) (parked, last int64, holds bool, key string, err error) {
-	b := &pgx.Batch{}
-	b.Queue(s.q.writePlanLock, s.table)
-	b.Queue(sql, args...)
-	br := s.pool.SendBatch(ctx, b)
-	if _, err = br.Exec(); err == nil {
-		err = br.QueryRow().Scan(&parked, &last, &holds, &key)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	err = s.queryRow(ctx, true, []any{&parked, &last, &holds, &key}, sql, args...)
 	return parked, last, holds, key, err
 }
 
@@ -715,6 +709,25 @@ func (s *Storage) writeBack(ctx context.Context, sql string, args ...any) error 
 // exec runs a write-back with the planner settings and, when lock is set,
 // the advisory lock first: one round trip, one (implicit) transaction.
 func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) error {
+	return s.pool.SendBatch(ctx, s.writeBatch(lock, sql, args...)).Close()
+}
+
+// queryRow is exec for a statement that returns one row, scanned into dest.
+func (s *Storage) queryRow(ctx context.Context, lock bool, dest []any, sql string, args ...any) error {
+	br := s.pool.SendBatch(ctx, s.writeBatch(lock, sql, args...))
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(dest...)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// writeBatch is the planner settings (and the claim lock when lock is set),
+// then sql: one round trip, one implicit transaction.
+func (s *Storage) writeBatch(lock bool, sql string, args ...any) *pgx.Batch {
 	b := &pgx.Batch{}
 	if lock {
 		b.Queue(s.q.writePlanLock, s.table)
@@ -722,7 +735,7 @@ func (s *Storage) exec(ctx context.Context, lock bool, sql string, args ...any) 
 		b.Queue(s.q.writePlan)
 	}
 	b.Queue(sql, args...)
-	return s.pool.SendBatch(ctx, b).Close()
+	return b
 }
 
 // Join implements [storage.Membership] (a no-op without strict ordering,
