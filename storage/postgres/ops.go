@@ -15,6 +15,12 @@ import (
 // BookkeepingTimeout however long a key's backlog.
 const parkChunk = 50000
 
+// runKeys is how many keys of a strict claim's walk take the rows parked
+// behind them along (an even share of the batch each): a claim after an
+// outage takes runs of a few keys rather than one row of each, and a batch
+// still fills the 16 lanes of the default Concurrency.
+const runKeys = 16
+
 // slotCount is the number of key slots: the slot column of a row is the hash
 // of its key (its id when keyless) modulo slotCount. Up to slotCount
 // claimers get slots of their own.
@@ -86,19 +92,25 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// that is old enough to claim.
 	//
 	// held(a, park) is that check for the row aliased a. When it decides a
-	// parking (park), a failed record holds its key only while it is not in
-	// flight: its owner's ack takes no lock and could miss a row parked
-	// behind it meanwhile.
+	// parking (park), a parked or failed record holds its key only while it
+	// is not in flight (a claim takes parked rows behind their head without
+	// setting them free, see the claim): its owner's ack takes no lock and
+	// could miss a row parked behind it meanwhile.
+	//
+	// deadOrFailed (HoldOnDeadLetter): is an earlier record of the row
+	// aliased a dead, or pending and failed before (and, with cond, more)?
+	deadOrFailed := func(a, cond string) string {
+		return fmt.Sprintf(`EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'dead' AND e.key <> '' AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id))
+              OR EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.key <> '' AND e.last_error IS NOT NULL AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id)%[3]s)`, t, a, cond)
+	}
 	held := func(a string, park bool) string {
-		q := fmt.Sprintf(`EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.hold IS NOT NULL AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id))`, t, a)
+		idle := ""
+		if park {
+			idle = fmt.Sprintf(" AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id = e.id AND y.leased_until > clock_timestamp())", leases)
+		}
+		q := fmt.Sprintf(`EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.hold IS NOT NULL AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id)%[3]s)`, t, a, idle)
 		if holdDead {
-			idle := ""
-			if park {
-				idle = fmt.Sprintf(" AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id = e.id AND y.leased_until > clock_timestamp())", leases)
-			}
-			q += fmt.Sprintf(`
-              OR EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'dead' AND e.key <> '' AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id))
-              OR EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.key <> '' AND e.last_error IS NOT NULL AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id)%[3]s)`, t, a, idle)
+			q += "\n              OR " + deadOrFailed(a, idle)
 		}
 		return "(" + q + ")"
 	}
@@ -111,20 +123,26 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
     OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'dead' AND key <> '')
     OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending' AND key <> '' AND last_error IS NOT NULL)`, t)
 	}
-	// unpark sets free the parked rows of the keys in d (a write-back's
-	// delivered or dead-lettered rows), the first 1000 of each key in id
-	// order: the delivery of those sets free the next ones. Setting a row
-	// free never breaks order (a claim checks it again), so a parked row
-	// that is still held is only parked again. The rows of a key are read
-	// from the held index alone (key and id; the UPDATE leaves out those
-	// waiting for a retry): with a condition on hold in the lookup too, a
-	// generic plan walked the primary key in id order instead, every
-	// pending row for each key (2.4 s an ack with 50 thousand rows parked).
+	// unpark sets free, for each key in d (a write-back's delivered or
+	// dead-lettered rows, a re-driven or skipped one), the first held row
+	// after its last row in d, when that row is parked. A claim then takes
+	// it as the head of its key and the rows parked behind it with it (see
+	// the claim), without setting them free one by one: after an outage,
+	// each key costs a write per claim, not one per parked row. Setting a
+	// row free never breaks order (a claim checks it again); the one set
+	// free may be in flight already (a claim took it behind its head, and
+	// this ack is of its head only), which is harmless: the ack of the
+	// rest sets free the next one. The row is read from the held index
+	// alone (the UPDATE leaves out a row waiting for a retry), as a range of
+	// (key, id) that only that index can answer in order (see followers in
+	// the claim): a generic plan walked the primary key in id order
+	// instead, every pending row for each key (2.4 s an ack with 50
+	// thousand rows parked).
 	unpark := fmt.Sprintf(`UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id = ANY(ARRAY(
-    SELECT b.id FROM (SELECT DISTINCT d.key FROM d WHERE d.key <> '' AND %[2]s) k
+    SELECT b.id FROM (SELECT d.key, max(d.id) AS id FROM d WHERE d.key <> '' AND %[2]s GROUP BY d.key) k
     CROSS JOIN LATERAL (
-        SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.hold IS NOT NULL AND b.key = k.key
-        ORDER BY b.id LIMIT 1000) b))`, t, holdSet)
+        SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.hold IS NOT NULL AND (b.key, b.id) > (k.key, k.id) AND b.key <= k.key
+        ORDER BY b.key, b.id LIMIT 1) b))`, t, holdSet)
 	// Every write-back deletes the worker's lease and updates the outbox row
 	// in one statement: the lease is the fence (a lease taken over by another
 	// worker has another leased_by, so the write-back matches nothing), and
@@ -247,13 +265,13 @@ i AS (
     SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d)
 %s`, t, delivered, unpark)
 		if deleteOnAck {
-			ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`, d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.key)
+			ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`, d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key)
 %s`, t, unpark)
 		}
 		if !holdDead {
 			deadLetter = fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
     UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
-    FROM l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.key)
+    FROM l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key)
 %s`, t, unpark)
 		}
 	}
@@ -331,6 +349,62 @@ i AS (
           AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
         ORDER BY p.id
         LIMIT %[3]d))),`, t, held("p", true), parkChunk)
+		// followers: the rows parked right behind the walk's last row of
+		// each of its first runKeys keys, in id order, as long as they are
+		// parked, not in flight and due (and pass the fence; with
+		// HoldOnDeadLetter no dead or failed record comes before them), an
+		// even share of the batch per key at most. They go out with their
+		// head and stay parked while in flight: the head's ack sets free
+		// only the next parked row (unpark). cf is what the claim hands out:
+		// the walk's rows and the followers, a key's rows together, keys in
+		// the order of their first row, at most $1 (whatever is cut off is
+		// the end of a key's rows, so its order holds); the walk's rows as
+		// they are when there are no followers.
+		//
+		// The rows of a key after its last walked row are written as a range
+		// of (key, id), "(key, id) > (the key, last) AND key <= the key",
+		// not as "key = the key AND id > last": with the equality, id order
+		// was all the ORDER BY asked for, and with statistics in which one
+		// key has most rows, the planner walked the primary key for it,
+		// 50 thousand rows for each key (the range needs the key index's
+		// order). ok is never NULL (hold is NULL for a row not parked, and
+		// bool_and passes over NULLs).
+		okFollower := "o.hold = 'behind' AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false) AND " + due
+		if fence {
+			okFollower += " AND (o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk))"
+		}
+		if holdDead {
+			okFollower += " AND NOT (" + deadOrFailed("o", "") + ")"
+		}
+		followers := fmt.Sprintf(`lead AS MATERIALIZED (
+    SELECT c.key, min(c.id) AS first, max(c.id) AS last FROM c
+    WHERE c.key <> '' AND (SELECT g FROM anyheld)
+    GROUP BY c.key ORDER BY min(c.id) LIMIT %[3]d),
+f AS MATERIALIZED (
+    SELECT r.id, r.uuid, r.topic, r.key, r.payload, r.metadata, r.attempts, r.created_at, r.expired, r.grp FROM lead
+    CROSS JOIN LATERAL (
+        SELECT w.* FROM (
+            SELECT v.*, bool_and(v.ok) OVER (ORDER BY v.key, v.id) AS run FROM (
+                SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
+                    (SELECT m FROM ls) ? o.id::text AS expired, lead.first AS grp, COALESCE(%[2]s, false) AS ok
+                FROM %[1]s o
+                WHERE o.status = 'pending' AND o.key <> '' AND (o.key, o.id) > (lead.key, lead.last) AND o.key <= lead.key
+                ORDER BY o.key, o.id
+                LIMIT GREATEST($1 / (SELECT count(*) FROM lead), 1)) v) w
+        WHERE w.run) r),
+cf AS MATERIALIZED (
+    SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, c.attempts, c.created_at, c.expired FROM c
+    WHERE NOT EXISTS (SELECT 1 FROM f)
+    UNION ALL
+    (SELECT x.id, x.uuid, x.topic, x.key, x.payload, x.metadata, x.attempts, x.created_at, x.expired FROM (
+        SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, c.attempts, c.created_at, c.expired,
+            CASE WHEN c.key = '' THEN c.id ELSE min(c.id) OVER (PARTITION BY c.key) END AS grp
+        FROM c
+        UNION ALL
+        SELECT f.id, f.uuid, f.topic, f.key, f.payload, f.metadata, f.attempts, f.created_at, f.expired, f.grp FROM f) x
+    WHERE EXISTS (SELECT 1 FROM f)
+    ORDER BY x.grp, x.id
+    LIMIT $1)),`, t, okFollower, runKeys)
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[14]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
@@ -361,19 +435,20 @@ c AS MATERIALIZED (
     SELECT * FROM (%[13]s) above
     LIMIT $1),
 %[15]s
+%[16]s
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
-    WHERE l.id = ANY(ARRAY(SELECT c.id FROM c WHERE c.expired)) AND l.leased_until <= (SELECT t FROM clk)
+    WHERE l.id = ANY(ARRAY(SELECT cf.id FROM cf WHERE cf.expired)) AND l.leased_until <= (SELECT t FROM clk)
     RETURNING l.id, l.attempts),
 ins AS (
     INSERT INTO %[2]s (id, key, leased_by, leased_until, attempts)
-    SELECT c.id, c.key, $2, %[6]s, c.attempts + 1 FROM c WHERE NOT c.expired
+    SELECT cf.id, cf.key, $2, %[6]s, cf.attempts + 1 FROM cf WHERE NOT cf.expired
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
-SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, a.attempts, c.created_at
-FROM a JOIN c ON c.id = a.id`, t, leases, due, anyHeld, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
+SELECT cf.id, cf.uuid, cf.topic, cf.key, cf.payload, cf.metadata, a.attempts, cf.created_at
+FROM a JOIN cf ON cf.id = a.id`, t, leases, due, anyHeld, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
 			walk("(SELECT lo FROM own) AND (SELECT hi FROM own)", true), walk("0 AND (SELECT lo FROM own) - 1", false),
-			walk(fmt.Sprintf("(SELECT hi FROM own) + 1 AND %d", slotCount-1), false), xmin, park)
+			walk(fmt.Sprintf("(SELECT hi FROM own) + 1 AND %d", slotCount-1), false), xmin, park, followers)
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather
@@ -463,14 +538,15 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'retry' AND id 
 
 		unpark: unpark,
 
-		// sweep sets free the parked rows of every key whose first held row
-		// is parked with nothing before it that holds it back: no pending
-		// row (in flight, or due), no dead one with HoldOnDeadLetter. Every
-		// write-back that removes what a row was parked behind sets it free
-		// itself; this is for the rows whose head a process of an earlier
-		// schema version delivered (it knows no parking). It reads the
-		// first held row of each key (a walk over held_idx key by key: one
-		// probe a held key, not one a held row).
+		// sweep sets free the first held row of every key when it is parked
+		// with nothing before it that holds it back: no pending row (in
+		// flight, or due), no dead one with HoldOnDeadLetter. (A claim takes
+		// the rows parked behind it along.) Every write-back that removes
+		// what a row was parked behind sets it free itself; this is for the
+		// rows whose head a process of an earlier schema version delivered
+		// (it knows no parking). It reads the first held row of each key (a
+		// walk over held_idx key by key: one probe a held key, not one a held
+		// row).
 		sweep: fmt.Sprintf(`WITH RECURSIVE k AS (
     (SELECT h.key, h.id, h.hold FROM %[1]s h WHERE h.status = 'pending' AND h.hold IS NOT NULL ORDER BY h.key, h.id LIMIT 1)
     UNION ALL
@@ -478,9 +554,7 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'retry' AND id 
         SELECT h.key, h.id, h.hold FROM %[1]s h WHERE h.status = 'pending' AND h.hold IS NOT NULL AND h.key > k.key
         ORDER BY h.key, h.id LIMIT 1) n)
 UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id = ANY(ARRAY(
-    SELECT b.id FROM k CROSS JOIN LATERAL (
-        SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.hold IS NOT NULL AND b.key = k.key
-        ORDER BY b.id LIMIT 1000) b
+    SELECT k.id FROM k
     WHERE k.hold = 'behind' AND k.key <> ''
       AND NOT EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.key <> '' AND e.key = k.key AND (e.key, e.id) < (k.key, k.id))%[2]s))`, t, sweepDead),
 

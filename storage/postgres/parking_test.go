@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -96,5 +97,110 @@ func TestDeadLetterTakesTheClaimLockWithHoldOnDeadLetter(t *testing.T) {
 	err = s.DeadLetter(short, storage.DeadLetterParams{ID: id, WorkerID: "w", Error: "poison"})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("DeadLetter while the claim lock is held returned %v, want it to wait for the lock", err)
+	}
+}
+
+// parkBehindHead inserts n records of key, claims the first and nacks it
+// for a retry due in a moment, so that the rest are parked behind it, and
+// waits until the retry is due. It returns the ids in order.
+func parkBehindHead(t *testing.T, s *Storage, key string, n int) []int64 {
+	t.Helper()
+	var in []storage.Record
+	for range n {
+		in = append(in, rec(key))
+	}
+	ids := insert(t, s, in...)
+	if got := idsOf(claim(t, s, "w", 1, time.Minute)); !slices.Equal(got, ids[:1]) {
+		t.Fatalf("claimed %v, want the head %d", got, ids[0])
+	}
+	due := time.Now().Add(300 * time.Millisecond)
+	must(t, s.Nack(t.Context(), storage.NackParams{ID: ids[0], WorkerID: "w", Error: "down", RetryAt: due}))
+	for _, id := range ids[1:] {
+		if h := holdOf(t, s, id); h != "behind" {
+			t.Fatalf("record %d has hold %q after its head's nack, want behind", id, h)
+		}
+	}
+	time.Sleep(time.Until(due) + 10*time.Millisecond)
+	return ids
+}
+
+// countHold counts the pending rows of key whose hold is h ("" for none).
+func countHold(t *testing.T, s *Storage, key, h string) int {
+	t.Helper()
+	var n int
+	must(t, s.pool.QueryRow(t.Context(), fmt.Sprintf(`SELECT count(*) FROM %s WHERE status = 'pending' AND key = $1 AND COALESCE(hold, '') = $2`, s.table), key, h).Scan(&n))
+	return n
+}
+
+// TestClaimTakesParkedRowsWithTheirHead: once a key's head is due again, a
+// claim hands out the rows parked behind it with it, in order, and an ack
+// sets free only the next parked row, not every row of the key: after an
+// outage each row is written once more (parked), not twice.
+func TestClaimTakesParkedRowsWithTheirHead(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	ids := parkBehindHead(t, s, "k", 250)
+	got := idsOf(claim(t, s, "w", 100, time.Minute))
+	if !slices.Equal(got, ids[:100]) {
+		t.Fatalf("claimed %d rows %v..., want the head and the 99 rows parked behind it", len(got), got[:min(len(got), 5)])
+	}
+	must(t, s.Ack(ctx, storage.AckParams{IDs: got, WorkerID: "w"}))
+	if n := countHold(t, s, "k", ""); n != 1 {
+		t.Fatalf("%d rows of the key set free by the ack, want 1 (the next; the claim takes the rest with it)", n)
+	}
+	if h := holdOf(t, s, ids[100]); h != "" {
+		t.Fatalf("the next row %d has hold %q after the ack, want none", ids[100], h)
+	}
+	var delivered []int64
+	for len(delivered) < 150 {
+		got := idsOf(claim(t, s, "w", 100, time.Minute))
+		if len(got) == 0 {
+			t.Fatalf("claimed nothing with %d rows of the key left", 150-len(delivered))
+		}
+		must(t, s.Ack(ctx, storage.AckParams{IDs: got, WorkerID: "w"}))
+		delivered = append(delivered, got...)
+	}
+	if !slices.Equal(delivered, ids[100:]) {
+		t.Fatalf("delivered %v, want the rest in id order", delivered)
+	}
+}
+
+// TestNoParkingBehindRowsInFlight: rows taken along behind their head stay
+// parked while in flight, but a row that arrives behind them is not parked
+// behind them: their owner's ack takes no lock and could miss it.
+func TestNoParkingBehindRowsInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	ids := parkBehindHead(t, s, "k", 5)
+	if got := idsOf(claim(t, s, "w", 10, time.Minute)); !slices.Equal(got, ids) {
+		t.Fatalf("claimed %v, want %v", got, ids)
+	}
+	late := insert(t, s, rec("k"))[0]
+	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed %v while the earlier rows of its key are in flight", idsOf(got))
+	}
+	if h := holdOf(t, s, late); h != "" {
+		t.Fatalf("record %d has hold %q behind rows in flight, want none", late, h)
+	}
+	must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+	if got := idsOf(claim(t, s, "w", 10, time.Minute)); !slices.Equal(got, []int64{late}) {
+		t.Fatalf("claimed %v after the ack, want %d", got, late)
+	}
+}
+
+// TestFollowersStopAtARowNotParked: the rows taken along behind a key's
+// last walked row stop at the first row that is not parked, even when
+// parked rows come after it (here a row the walk did not reach because the
+// batch was full).
+func TestFollowersStopAtARowNotParked(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ids := insert(t, s, rec("k"), rec(""), rec(""), rec("k"), rec("k"))
+	_, err := s.pool.Exec(t.Context(), fmt.Sprintf(`UPDATE %s SET hold = 'behind' WHERE id = $1`, s.table), ids[4])
+	must(t, err)
+	if got := idsOf(claim(t, s, "w", 3, time.Minute)); !slices.Equal(got, ids[:3]) {
+		t.Fatalf("claimed %v, want %v (the parked row %d waits for %d)", got, ids[:3], ids[4], ids[3])
 	}
 }
