@@ -42,8 +42,12 @@
 // its key behind it are parked (hold 'behind'): by the nack, by a release,
 // or by the claim that meets them. The delivery of the record they wait for
 // (an ack; a dead-letter, unless [Config.HoldOnDeadLetter]; a re-drive or
-// skip by an operator) sets the first thousand of them free, and theirs the
-// next. A claim then reads the rows it hands out, the rows in flight and the
+// skip by an operator) sets the next one free, and a claim that takes it
+// takes the rows parked right behind it along, still parked (the first 16
+// keys of its walk, an even share of the batch each): after an outage a key
+// costs a write per claim, not one per row. A claim that meets a row parked
+// behind rows in flight never parks behind those (their owner's ack takes
+// no lock). A claim then reads the rows it hands out, the rows in flight and the
 // rows right behind those, never the rows held back behind a waiting record:
 // with a 200-thousand-row backlog behind waiting records a claim of 100 costs
 // what it costs with none (TestClaimCostWithHeldRows). Rows behind a record

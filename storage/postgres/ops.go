@@ -336,15 +336,15 @@ i AS (
         LIMIT $1%[6]s`, fenceOpen, fenceCol, t, slots, due, fenceClose, mine, held("o", false))
 		}
 		// park: the held rows of the claimer's own slots that its walk
-		// passed (up to the last row it took, or all of them when it did not
-		// fill the batch), parkChunk at most. (The CASE keeps the check a probe
+		// passed (up to the last walked row it hands out, or all of them when
+		// it did not fill the batch), parkChunk at most. (The CASE keeps the check a probe
 		// per row, as in the walk, rather than a join with every held row.)
 		park := fmt.Sprintf(`park AS (
     UPDATE %[1]s parked SET hold = 'behind' WHERE parked.status = 'pending' AND parked.hold IS NULL AND parked.id = ANY(ARRAY(
         SELECT p.id FROM %[1]s p
         WHERE (SELECT g FROM anyheld) AND p.status = 'pending' AND p.hold IS NULL AND p.key <> ''
           AND p.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)
-          AND p.id <= (SELECT CASE WHEN count(*) < $1 THEN 9223372036854775807 ELSE max(c.id) END FROM c WHERE c.mine)
+          AND p.id <= (SELECT CASE WHEN count(*) < $1 THEN 9223372036854775807 ELSE max(cf.id) FILTER (WHERE cf.walked) END FROM cf)
           AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
           AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
         ORDER BY p.id
@@ -359,7 +359,8 @@ i AS (
 		// the walk's rows and the followers, a key's rows together, keys in
 		// the order of their first row, at most $1 (whatever is cut off is
 		// the end of a key's rows, so its order holds); the walk's rows as
-		// they are when there are no followers.
+		// they are when there are no followers. Only ids are sorted (cut),
+		// not the rows with their payloads.
 		//
 		// The rows of a key after its last walked row are written as a range
 		// of (key, id), "(key, id) > (the key, last) AND key <= the key",
@@ -392,19 +393,19 @@ f AS MATERIALIZED (
                 ORDER BY o.key, o.id
                 LIMIT GREATEST($1 / (SELECT count(*) FROM lead), 1)) v) w
         WHERE w.run) r),
-cf AS MATERIALIZED (
-    SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, c.attempts, c.created_at, c.expired FROM c
-    WHERE NOT EXISTS (SELECT 1 FROM f)
-    UNION ALL
-    (SELECT x.id, x.uuid, x.topic, x.key, x.payload, x.metadata, x.attempts, x.created_at, x.expired FROM (
-        SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, c.attempts, c.created_at, c.expired,
-            CASE WHEN c.key = '' THEN c.id ELSE min(c.id) OVER (PARTITION BY c.key) END AS grp
-        FROM c
+cut AS MATERIALIZED (
+    SELECT x.id FROM (
+        SELECT c.id, CASE WHEN c.key = '' THEN c.id ELSE min(c.id) OVER (PARTITION BY c.key) END AS grp FROM c
         UNION ALL
-        SELECT f.id, f.uuid, f.topic, f.key, f.payload, f.metadata, f.attempts, f.created_at, f.expired, f.grp FROM f) x
-    WHERE EXISTS (SELECT 1 FROM f)
+        SELECT f.id, f.grp FROM f) x
     ORDER BY x.grp, x.id
-    LIMIT $1)),`, t, okFollower, runKeys)
+    LIMIT $1),
+cf AS MATERIALIZED (
+    SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, c.attempts, c.created_at, c.expired, true AS walked FROM c
+    WHERE NOT EXISTS (SELECT 1 FROM f) OR c.id IN (SELECT cut.id FROM cut)
+    UNION ALL
+    SELECT f.id, f.uuid, f.topic, f.key, f.payload, f.metadata, f.attempts, f.created_at, f.expired, false FROM f
+    WHERE f.id IN (SELECT cut.id FROM cut)),`, t, okFollower, runKeys)
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[14]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
@@ -434,8 +435,8 @@ c AS MATERIALIZED (
     UNION ALL
     SELECT * FROM (%[13]s) above
     LIMIT $1),
-%[15]s
 %[16]s
+%[15]s
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
     WHERE l.id = ANY(ARRAY(SELECT cf.id FROM cf WHERE cf.expired)) AND l.leased_until <= (SELECT t FROM clk)
