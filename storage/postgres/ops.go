@@ -93,9 +93,10 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	//
 	// held(a, park) is that check for the row aliased a. When it decides a
 	// parking (park), a parked or failed record holds its key only while it
-	// is not in flight (a claim takes parked rows behind their head without
-	// setting them free, see the claim): its owner's ack takes no lock and
-	// could miss a row parked behind it meanwhile.
+	// has no lease, live or run out (a claim takes parked rows behind their
+	// head without setting them free, see the claim): its owner's ack takes
+	// no lock, is fenced on the lease's owner only, and could miss a row
+	// parked behind it meanwhile.
 	//
 	// deadOrFailed (HoldOnDeadLetter): is an earlier record of the row
 	// aliased a dead, or pending and failed before (and, with cond, more)?
@@ -106,7 +107,7 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	held := func(a string, park bool) string {
 		idle := ""
 		if park {
-			idle = fmt.Sprintf(" AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id = e.id AND y.leased_until > clock_timestamp())", leases)
+			idle = fmt.Sprintf(" AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id = e.id)", leases)
 		}
 		q := fmt.Sprintf(`EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.hold IS NOT NULL AND e.key = %[2]s.key AND (e.key, e.id) < (%[2]s.key, %[2]s.id)%[3]s)`, t, a, idle)
 		if holdDead {
@@ -223,7 +224,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
 		if holdDead {
 			holds = "true"
 			headHolds = fmt.Sprintf(`(h.hold IS NOT NULL OR (h.last_error IS NOT NULL
-                AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id = h.id AND y.leased_until > clock_timestamp())))`, leases)
+                AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id = h.id)))`, leases)
 		}
 		parkRows := func(from string) string {
 			return fmt.Sprintf(`p AS (

@@ -204,3 +204,82 @@ func TestFollowersStopAtARowNotParked(t *testing.T) {
 		t.Fatalf("claimed %v, want %v (the parked row %d waits for %d)", got, ids[:3], ids[4], ids[3])
 	}
 }
+
+// awaitLockWait waits until a statement on s's table waits for a lock.
+func awaitLockWait(t *testing.T, s *Storage) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "a statement waiting for a lock", func() bool {
+		var n int
+		must(t, s.pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.table).Scan(&n))
+		return n > 0
+	})
+}
+
+// claimAfterExpiry claims the 5 records of key k parked behind their head
+// with a lease that then runs out (nobody takes it over).
+func claimAfterExpiry(t *testing.T, s *Storage, n int) []int64 {
+	t.Helper()
+	ids := parkBehindHead(t, s, "k", n)
+	if got := idsOf(claim(t, s, "w", 10, 100*time.Millisecond)); !slices.Equal(got, ids) {
+		t.Fatalf("claimed %v, want %v", got, ids)
+	}
+	time.Sleep(200 * time.Millisecond)
+	return ids
+}
+
+// TestLateAckRacingAClaimStrandsNothing: the owner of rows whose lease ran
+// out still acks them (an ack is fenced on the owner only, and takes no
+// lock) while a claim runs. The claim must not park a new row of the key
+// behind them: the ack, which looked before the claim committed, would not
+// set it free, and nothing else would until the sweep.
+func TestLateAckRacingAClaimStrandsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	ids := claimAfterExpiry(t, s, 5)
+	late := insert(t, s, rec("k"))[0]
+	tx, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	_, err = tx.Exec(ctx, s.q.ack, ids, "w")
+	must(t, err)
+	done := make(chan error, 1)
+	go func() {
+		// The same worker: its own key slots hold the key (a claim parks
+		// in its own slots only).
+		_, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "w"})
+		done <- err
+	}()
+	awaitLockWait(t, s) // the claim's takeover waits for the ack's leases
+	must(t, tx.Commit(ctx))
+	must(t, <-done)
+	if got := idsOf(claim(t, s, "w", 10, time.Minute)); !slices.Equal(got, []int64{late}) {
+		t.Fatalf("claimed %v after the ack of %v, want %d (hold %q)", got, ids, late, holdOf(t, s, late))
+	}
+}
+
+// TestReleaseRacingAnAckStrandsNothing: a forwarder releases the untried
+// rest of a group whose lease ran out while its ack of the front is in
+// flight. The release must not park the rest behind the rows being acked.
+func TestReleaseRacingAnAckStrandsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	ids := claimAfterExpiry(t, s, 6)
+	tx, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	_, err = tx.Exec(ctx, s.q.ack, ids[:2], "w")
+	must(t, err)
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Release(ctx, storage.ReleaseParams{IDs: ids[2:], WorkerID: "w", RetryAt: time.Now()})
+	}()
+	awaitLockWait(t, s) // the release waits for the row the ack set free
+	must(t, tx.Commit(ctx))
+	must(t, <-done)
+	if got := idsOf(claim(t, s, "w", 10, time.Minute)); !slices.Equal(got, ids[2:]) {
+		t.Fatalf("claimed %v, want the released rows %v (holds %q ...)", got, ids[2:], holdOf(t, s, ids[2]))
+	}
+}
