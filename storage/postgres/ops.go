@@ -598,9 +598,15 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id
 		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// A lease that ran out is not extended, even when nobody took it
-		// over yet: the forwarder may already have been overtaken.
-		extend: fmt.Sprintf(`UPDATE %s SET leased_until = clock_timestamp() + $3::bigint * interval '1 microsecond'
-WHERE id = ANY($1) AND leased_by = $2 AND leased_until > clock_timestamp()
+		// over yet: the forwarder may already have been overtaken. The clock
+		// is read once, so that the leases of a claim (which run out
+		// together) are extended all or none: read row by row, a statement
+		// that ran at the instant they ran out extended the first rows of a
+		// key and not the later ones, which a claim could then take over
+		// while the first was still leased.
+		extend: fmt.Sprintf(`WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t)
+UPDATE %s SET leased_until = (SELECT t FROM n) + $3::bigint * interval '1 microsecond'
+WHERE id = ANY($1) AND leased_by = $2 AND leased_until > (SELECT t FROM n)
 RETURNING id`, leases),
 
 		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),

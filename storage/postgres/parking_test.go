@@ -283,3 +283,47 @@ func TestReleaseRacingAnAckStrandsNothing(t *testing.T) {
 		t.Fatalf("claimed %v, want the released rows %v (holds %q ...)", got, ids[2:], holdOf(t, s, ids[2]))
 	}
 }
+
+// TestExtendIsAllOrNone: the leases an Extend call asks for, which ran out
+// together, are extended all or none, whenever they run out during the
+// statement: extending the first records of a key and not the later ones
+// would let a claim take the later ones over while the first is leased.
+func TestExtendIsAllOrNone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("extends 50 thousand leases a few times")
+	}
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	const n = 50000
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, key, leased_by, leased_until, attempts)
+SELECT g, 'k', 'w', clock_timestamp() + interval '1 hour', 1 FROM generate_series(1, $1) g`, s.leases), n)
+	must(t, err)
+	ids := make([]int64, n)
+	for i := range ids {
+		ids[i] = int64(i + 1)
+	}
+	setUntil := func(until time.Time) {
+		_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET leased_until = $1`, s.leases), until)
+		must(t, err)
+	}
+	start := time.Now()
+	setUntil(time.Now().Add(time.Hour))
+	u := time.Since(start) // how long setting the leases takes
+	start = time.Now()
+	got, err := s.Extend(ctx, storage.ExtendParams{IDs: ids, WorkerID: "w", Lease: time.Hour})
+	must(t, err)
+	d := time.Since(start) // how long an Extend of them takes
+	if len(got) != n {
+		t.Fatalf("extended %d live leases, want %d", len(got), n)
+	}
+	// The leases run out at instants spread over the next Extend's run.
+	for i := range 12 {
+		setUntil(time.Now().Add(u + d*time.Duration(i)/8))
+		got, err := s.Extend(ctx, storage.ExtendParams{IDs: ids, WorkerID: "w", Lease: time.Hour})
+		must(t, err)
+		if len(got) != 0 && len(got) != n {
+			t.Fatalf("try %d: extended %d of %d leases that ran out together, want all or none", i, len(got), n)
+		}
+	}
+}
