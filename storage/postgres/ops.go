@@ -56,12 +56,14 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// of its key that its claim walks (each walk is in id order, so those
 	// come after it): blocked is true from a key's first fenced row on.
 	xmin, fenceOpen, fenceCol, fenceClose := "", "", "", ""
+	// passesFence: the row aliased o passes the fence.
+	const passesFence = "(o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk))"
 	if fence {
 		xmin = ", pg_snapshot_xmin(pg_current_snapshot()) AS x"
 		fenceOpen = `
             SELECT * FROM (SELECT w.*, bool_or(NOT w.ok) OVER (
                 PARTITION BY CASE WHEN w.key = '' THEN w.id::text ELSE w.key END ORDER BY w.id) AS blocked FROM (`
-		fenceCol = ",\n            (o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk)) AS ok"
+		fenceCol = ",\n            " + passesFence + " AS ok"
 		fenceClose = ") w) b WHERE NOT b.blocked"
 	}
 	// Strict ordering: what holds a row back. In flight: an earlier record
@@ -324,32 +326,37 @@ i AS (
 		// walk is one walk over the ready index: the rows of a slot range
 		// that are due, not leased and not held back, in id order, at most
 		// $1 (with CommitFence, up to the first fenced row of each key).
-		walk := func(slots string, mine bool) string {
+		// unleased(a): the row aliased a has no live lease (ls, the lease map).
+		unleased := func(a string) string {
+			return fmt.Sprintf("NOT COALESCE(((SELECT m FROM ls) -> %s.id::text)::boolean, false)", a)
+		}
+		walk := func(slots string) string {
 			return fmt.Sprintf(`%[1]s
         SELECT o.id, o.uuid, o.topic, o.key, o.payload, o.metadata, o.attempts, o.created_at,
-            (SELECT m FROM ls) ? o.id::text AS expired, %[7]t AS mine%[2]s
+            (SELECT m FROM ls) ? o.id::text AS expired%[2]s
         FROM %[3]s o
         WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN %[4]s AND %[5]s
-          AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false)
+          AND %[8]s
           AND (o.key = '' OR (o.id < COALESCE(((SELECT m FROM hm) ->> o.key)::bigint, 9223372036854775807)
-              AND (NOT (SELECT g FROM anyheld) OR NOT %[8]s)))
+              AND (NOT (SELECT g FROM anyheld) OR NOT %[7]s)))
         ORDER BY o.id
-        LIMIT $1%[6]s`, fenceOpen, fenceCol, t, slots, due, fenceClose, mine, held("o", false))
+        LIMIT $1%[6]s`, fenceOpen, fenceCol, t, slots, due, fenceClose, held("o", false), unleased("o"))
 		}
 		// park: the held rows of the claimer's own slots that its walk
 		// passed (up to the last walked row it hands out, or all of them when
-		// it did not fill the batch), parkChunk at most. (The CASE keeps the check a probe
-		// per row, as in the walk, rather than a join with every held row.)
+		// it did not fill the batch), parkChunk at most. (The CASE keeps the
+		// check a probe per row, as in the walk, rather than a join with
+		// every held row.)
 		park := fmt.Sprintf(`park AS (
     UPDATE %[1]s parked SET hold = 'behind' WHERE parked.status = 'pending' AND parked.hold IS NULL AND parked.id = ANY(ARRAY(
         SELECT p.id FROM %[1]s p
         WHERE (SELECT g FROM anyheld) AND p.status = 'pending' AND p.hold IS NULL AND p.key <> ''
           AND p.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)
           AND p.id <= (SELECT CASE WHEN count(*) < $1 THEN 9223372036854775807 ELSE max(cf.id) FILTER (WHERE cf.walked) END FROM cf)
-          AND NOT COALESCE(((SELECT m FROM ls) -> p.id::text)::boolean, false)
+          AND %[4]s
           AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
         ORDER BY p.id
-        LIMIT %[3]d))),`, t, held("p", true), parkChunk)
+        LIMIT %[3]d))),`, t, held("p", true), parkChunk, unleased("p"))
 		// followers: the rows parked right behind the walk's last row of
 		// each of its first runKeys keys, in id order, as long as they are
 		// parked, not in flight and due (and pass the fence; with
@@ -371,9 +378,9 @@ i AS (
 		// 50 thousand rows for each key (the range needs the key index's
 		// order). ok is never NULL (hold is NULL for a row not parked, and
 		// bool_and passes over NULLs).
-		okFollower := "o.hold = 'behind' AND NOT COALESCE(((SELECT m FROM ls) -> o.id::text)::boolean, false) AND " + due
+		okFollower := "o.hold = 'behind' AND " + unleased("o") + " AND " + due
 		if fence {
-			okFollower += " AND (o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk))"
+			okFollower += " AND " + passesFence
 		}
 		if holdDead {
 			okFollower += " AND NOT (" + deadOrFailed("o", "") + ")"
@@ -449,8 +456,8 @@ ins AS (
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT cf.id, cf.uuid, cf.topic, cf.key, cf.payload, cf.metadata, a.attempts, cf.created_at
 FROM a JOIN cf ON cf.id = a.id`, t, leases, due, anyHeld, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
-			walk("(SELECT lo FROM own) AND (SELECT hi FROM own)", true), walk("0 AND (SELECT lo FROM own) - 1", false),
-			walk(fmt.Sprintf("(SELECT hi FROM own) + 1 AND %d", slotCount-1), false), xmin, park, followers)
+			walk("(SELECT lo FROM own) AND (SELECT hi FROM own)"), walk("0 AND (SELECT lo FROM own) - 1"),
+			walk(fmt.Sprintf("(SELECT hi FROM own) + 1 AND %d", slotCount-1)), xmin, park, followers)
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather
@@ -465,7 +472,7 @@ FROM a JOIN cf ON cf.id = a.id`, t, leases, due, anyHeld, leaseMap, leaseUntil, 
 		// hold a row even when one's snapshot predates the other's commit.
 		nsDue := due
 		if fence {
-			nsDue += " AND (o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk))"
+			nsDue += " AND " + passesFence
 		}
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[8]s),
 %[7]s

@@ -216,8 +216,9 @@ WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.table).Scan(&n)
 	})
 }
 
-// claimAfterExpiry claims the 5 records of key k parked behind their head
-// with a lease that then runs out (nobody takes it over).
+// claimAfterExpiry parks n records of key k behind their head, claims them
+// all with a lease that then runs out (nobody takes it over), and returns
+// their ids.
 func claimAfterExpiry(t *testing.T, s *Storage, n int) []int64 {
 	t.Helper()
 	ids := parkBehindHead(t, s, "k", n)
