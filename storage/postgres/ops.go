@@ -56,14 +56,14 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// of its key that its claim walks (each walk is in id order, so those
 	// come after it): blocked is true from a key's first fenced row on.
 	xmin, fenceOpen, fenceCol, fenceClose := "", "", "", ""
-	// passesFence: the row aliased o passes the fence.
-	const passesFence = "(o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk))"
+	// fenceClear: the row aliased o is clear of the fence.
+	const fenceClear = "(o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk))"
 	if fence {
 		xmin = ", pg_snapshot_xmin(pg_current_snapshot()) AS x"
 		fenceOpen = `
             SELECT * FROM (SELECT w.*, bool_or(NOT w.ok) OVER (
                 PARTITION BY CASE WHEN w.key = '' THEN w.id::text ELSE w.key END ORDER BY w.id) AS blocked FROM (`
-		fenceCol = ",\n            " + passesFence + " AS ok"
+		fenceCol = ",\n            " + fenceClear + " AS ok"
 		fenceClose = ") w) b WHERE NOT b.blocked"
 	}
 	// Strict ordering: what holds a row back. In flight: an earlier record
@@ -380,7 +380,7 @@ i AS (
 		// bool_and passes over NULLs).
 		okFollower := "o.hold = 'behind' AND " + unleased("o") + " AND " + due
 		if fence {
-			okFollower += " AND " + passesFence
+			okFollower += " AND " + fenceClear
 		}
 		if holdDead {
 			okFollower += " AND NOT (" + deadOrFailed("o", "") + ")"
@@ -472,7 +472,7 @@ FROM a JOIN cf ON cf.id = a.id`, t, leases, due, anyHeld, leaseMap, leaseUntil, 
 		// hold a row even when one's snapshot predates the other's commit.
 		nsDue := due
 		if fence {
-			nsDue += " AND " + passesFence
+			nsDue += " AND " + fenceClear
 		}
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[8]s),
 %[7]s
