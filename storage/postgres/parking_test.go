@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"testing"
 	"time"
@@ -326,5 +327,20 @@ SELECT g, 'k', 'w', clock_timestamp() + interval '1 hour', 1 FROM generate_serie
 		if len(got) != 0 && len(got) != n {
 			t.Fatalf("try %d: extended %d of %d leases that ran out together, want all or none", i, len(got), n)
 		}
+	}
+}
+
+// TestHeldProbeReadsBackwards: the claim's check for an earlier held row
+// of a candidate's key reads the held index backwards from the candidate,
+// so that it finds the nearest one at once: read forwards it passed every
+// held entry of the key before the candidate, at every claim.
+func TestHeldProbeReadsBackwards(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	parkBehindHead(t, s, "k", 50)
+	insert(t, s, recs("a", "b", "c")...)
+	plan := explainClaim(t, s, 10, false)
+	if !regexp.MustCompile(`Index Only Scan Backward using \S+held_idx`).MatchString(plan) {
+		t.Fatalf("the held probe does not read the held index backwards:\n%s", plan)
 	}
 }
