@@ -260,13 +260,24 @@ func (r *wmRelay) PublishTx(ctx context.Context, msgs []*message.Message) error 
 	return tx.Commit()
 }
 
+// onceSubscriber closes its subscriber once, whoever calls Close first: the
+// router of a Watermill forwarder closes its subscriber when it stops, from a
+// goroutine that can outlive Run, and watermill-sql's Subscriber.Close called
+// twice at once is a data race (seen under -race).
+type onceSubscriber struct {
+	message.Subscriber
+	once sync.Once
+	err  error
+}
+
+func (s *onceSubscriber) Close() error {
+	s.once.Do(func() { s.err = s.Subscriber.Close() })
+	return s.err
+}
+
 func (r *wmRelay) Start(ctx context.Context, target message.Publisher) (func(), error) {
 	var fwds []*forwarder.Forwarder
-	var subs []*wmsql.Subscriber
-	// The router closes each forwarder's subscriber when it stops; closing
-	// one again meanwhile races inside watermill-sql's Subscriber.Close
-	// (seen under -race), so the subscribers are closed only once every
-	// Run has returned.
+	var subs []*onceSubscriber
 	var wg sync.WaitGroup
 	closeAll := func() {
 		for _, f := range fwds {
@@ -278,11 +289,12 @@ func (r *wmRelay) Start(ctx context.Context, target message.Publisher) (func(), 
 		}
 	}
 	for range max(r.cfg.forwarders, 1) {
-		sub, err := r.subscriber()
+		wsub, err := r.subscriber()
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
+		sub := &onceSubscriber{Subscriber: wsub}
 		subs = append(subs, sub)
 		f, err := forwarder.NewForwarder(sub, target, watermill.NopLogger{}, forwarder.Config{ForwarderTopic: r.topic})
 		if err != nil {

@@ -180,11 +180,7 @@ func (r *wmMyRelay) PublishTx(ctx context.Context, msgs []*message.Message) erro
 
 func (r *wmMyRelay) Start(ctx context.Context, target message.Publisher) (func(), error) {
 	var fwds []*forwarder.Forwarder
-	var subs []*wmsql.Subscriber
-	// The router closes each forwarder's subscriber when it stops; closing
-	// one again meanwhile races inside watermill-sql's Subscriber.Close
-	// (seen under -race), so the subscribers are closed only once every
-	// Run has returned.
+	var subs []*onceSubscriber
 	var wg sync.WaitGroup
 	closeAll := func() {
 		for _, f := range fwds {
@@ -196,11 +192,12 @@ func (r *wmMyRelay) Start(ctx context.Context, target message.Publisher) (func()
 		}
 	}
 	for range max(r.cfg.forwarders, 1) {
-		sub, err := r.subscriber()
+		wsub, err := r.subscriber()
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
+		sub := &onceSubscriber{Subscriber: wsub}
 		subs = append(subs, sub)
 		f, err := forwarder.NewForwarder(sub, target, watermill.NopLogger{}, forwarder.Config{ForwarderTopic: r.topic})
 		if err != nil {
