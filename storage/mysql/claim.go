@@ -175,9 +175,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 	}
 	if len(keys) > 0 {
 		// One statement: for one walked row of each key, a correlated
-		// ORDER BY id LIMIT 1 on key_idx, which reads one index entry (MariaDB
-		// answered MIN(id) by reading every pending entry of the key: 50 per
-		// probe in the drain benchmark, where it took half the drain's time).
+		// ORDER BY id LIMIT 1 on key_idx (lowestOf).
 		reps := make([]int64, 0, len(keys))
 		seen := make(map[string]bool, len(keys))
 		for _, c := range cands {
@@ -188,9 +186,9 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 		}
 		deadMin := "NULL"
 		if s.hold {
-			deadMin = "(SELECT d.id FROM " + s.table + " d WHERE d.`key` = c.`key` AND d.status = 'dead' ORDER BY d.id LIMIT 1)"
+			deadMin = s.lowestOf("dead", "c")
 		}
-		rows, err := tx.QueryContext(ctx, "SELECT c.`key`, (SELECT e.id FROM "+s.table+" e WHERE e.`key` = c.`key` AND e.status = 'pending' ORDER BY e.id LIMIT 1), "+
+		rows, err := tx.QueryContext(ctx, "SELECT c.`key`, "+s.lowestOf("pending", "c")+", "+
 			deadMin+" FROM "+s.table+" c WHERE c.id IN ("+idsText(reps)+")")
 		if err != nil {
 			return nil, nil, fmt.Errorf("lowest rows of keys: %w", err)
@@ -296,7 +294,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 				if i > 0 {
 					b.WriteString(" UNION ALL ")
 				}
-				b.WriteString("(SELECT id, `key`, " + okExpr + " FROM " + s.table + " WHERE `key` = ")
+				b.WriteString("(SELECT id, `key`, " + okExpr + " FROM " + s.table + " FORCE INDEX (key_idx) WHERE `key` = ")
 				strLit(&b, h.key)
 				fmt.Fprintf(&b, " AND status = 'pending' AND id > %d", h.id)
 				if cutoff != 0 {
