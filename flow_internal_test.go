@@ -29,7 +29,7 @@ func (a *ackSizes) Ack(_ context.Context, p storage.AckParams) error {
 type nopPublisher struct{}
 
 func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
-func (nopPublisher) Close() error                             { return nil }
+func (nopPublisher) Close() error                              { return nil }
 
 // TestCompleterAcksHalfWhileTheRestIsPublished: records that come at the
 // speed of publishing are acked once half of MaxInFlight is gathered and
