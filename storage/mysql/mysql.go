@@ -21,7 +21,7 @@ import (
 const TableDefault = "outbox"
 
 // WalkFactorDefault is [Config.WalkFactor] when it is 0.
-const WalkFactorDefault = 2
+const WalkFactorDefault = 1
 
 // maxIdentifierLen is MySQL's limit for database and table names.
 const maxIdentifierLen = 64
@@ -58,7 +58,12 @@ type Config struct {
 	// WalkFactor bounds how many candidate rows one strict claim looks at: at
 	// most WalkFactor times the batch size. A larger factor finds more
 	// claimable rows behind rows that must be parked, at the price of longer
-	// claims. Defaults to [WalkFactorDefault]; must be between 1 and 16.
+	// claims, and of parking: with keys spread out, a claim of a batch that
+	// walks twice the batch parks the rows it walked behind its heads and did
+	// not take, and the acks set them free again, two writes per row that
+	// a walk of one batch does not make (it takes them as the heads' followers).
+	// Defaults to [WalkFactorDefault] (1: a drain of 1000 keys, batch 100 and
+	// 1000, ran 25% to 60% faster than with 2); must be between 1 and 16.
 	WalkFactor int
 
 	// HoldOnDeadLetter makes a dead-lettered record hold back the later
