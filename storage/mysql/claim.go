@@ -81,7 +81,8 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 	// row another claim held as a follower), and that claim's lease UPDATE,
 	// which moves the entry, then waited for it; two claims doing this to
 	// each other deadlocked. One clock reading (UTC_TIMESTAMP is fixed for
-	// a statement) serves the whole claim.
+	// a statement, taken by the lock) serves a walk and the lease of the
+	// rows it chose.
 	visible := ""
 	if d := s.config.VisibilityDelay; d > 0 {
 		visible = " AND created_at <= UTC_TIMESTAMP(6) - INTERVAL " + strconv.FormatInt(d.Microseconds(), 10) + " MICROSECOND"
@@ -91,53 +92,24 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 		failed = "last_error IS NOT NULL"
 	}
 	due := " WHERE status = 'pending' AND parked = 0 AND due_at <= UTC_TIMESTAMP(6)" + visible
-	walked, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+due+" ORDER BY due_at, id LIMIT "+strconv.Itoa(walk))
-	if err != nil {
-		return nil, fmt.Errorf("walk: %w", err)
-	}
-	if len(walked) == 0 {
-		return nil, nil
-	}
-	// The lock re-checks the walk's conditions on the latest committed
-	// rows: a row may have been claimed or acked since the walk read it.
-	rows, err := tx.QueryContext(ctx, "SELECT id, `key`, COALESCE(leased_until > UTC_TIMESTAMP(6), 0), "+failed+", CAST(UTC_TIMESTAMP(6) AS CHAR) FROM "+s.table+
-		" FORCE INDEX (PRIMARY)"+due+" AND id IN ("+idsText(walked)+") FOR UPDATE SKIP LOCKED")
-	if err != nil {
-		return nil, fmt.Errorf("lock walked rows: %w", err)
-	}
-	var cands []candidate
-	var now string
-	for rows.Next() {
-		var c candidate
-		if err := rows.Scan(&c.id, &c.key, &c.live, &c.failed, &now); err != nil {
-			_ = rows.Close()
-			return nil, fmt.Errorf("lock walked rows: %w", err)
-		}
-		cands = append(cands, c)
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return nil, fmt.Errorf("lock walked rows: %w", err)
-	}
-	if len(cands) == 0 {
-		return nil, nil
-	}
-	nowLit := "'" + now + "'" // the server's own DATETIME text
-	var chosen, park []int64
-	if strict {
-		chosen, park, err = s.strictPick(ctx, tx, cands, p.BatchSize, nowLit, visible, failed)
+	var chosen []int64
+	var nowLit string
+	for walks := 1; ; walks++ {
+		var parked int
+		var err error
+		chosen, parked, nowLit, err = s.claimWalk(ctx, tx, p, walk, due, visible, failed)
 		if err != nil {
 			return nil, err
 		}
-	} else {
-		for _, c := range cands {
-			if !c.live {
-				chosen = append(chosen, c.id)
-			}
-		}
-	}
-	if len(park) > 0 {
-		if _, err := tx.ExecContext(ctx, "UPDATE "+s.table+" SET parked = 1 WHERE id IN ("+idsText(park)+")"); err != nil {
-			return nil, fmt.Errorf("park: %w", err)
+		// A walk that found only rows to park (every row it walked is
+		// held back) is followed by another, up to maxWalkFactor batches
+		// in all: the rows it parked left the walk, and the next one
+		// reaches the rows behind them. Otherwise a backlog behind a key
+		// whose head waits for a retry made claim after claim come back
+		// empty, and the forwarder backed off between them, while other
+		// keys' rows waited behind it.
+		if len(chosen) > 0 || parked == 0 || (walks+1)*walk > maxWalkFactor*p.BatchSize {
+			break
 		}
 	}
 	if len(chosen) == 0 {
@@ -157,6 +129,63 @@ func (s *Storage) claim(ctx context.Context, tx *sql.Tx, p storage.ClaimParams) 
 		return nil, fmt.Errorf("lease: %w", err)
 	}
 	return s.readRecords(ctx, tx, chosen)
+}
+
+// claimWalk is one walk of a claim: at most walk rows, locked, and of
+// those the rows to lease (chosen) and the rows it parked (strict
+// ordering), with the clock reading of the lock.
+func (s *Storage) claimWalk(ctx context.Context, tx *sql.Tx, p storage.ClaimParams, walk int, due, visible, failed string) ([]int64, int, string, error) {
+	strict := !s.config.DisableStrictOrdering
+	walked, err := queryIDs(ctx, tx, "SELECT id FROM "+s.table+due+" ORDER BY due_at, id LIMIT "+strconv.Itoa(walk))
+	if err != nil {
+		return nil, 0, "", fmt.Errorf("walk: %w", err)
+	}
+	if len(walked) == 0 {
+		return nil, 0, "", nil
+	}
+	// The lock re-checks the walk's conditions on the latest committed
+	// rows: a row may have been claimed or acked since the walk read it.
+	rows, err := tx.QueryContext(ctx, "SELECT id, `key`, COALESCE(leased_until > UTC_TIMESTAMP(6), 0), "+failed+", CAST(UTC_TIMESTAMP(6) AS CHAR) FROM "+s.table+
+		" FORCE INDEX (PRIMARY)"+due+" AND id IN ("+idsText(walked)+") FOR UPDATE SKIP LOCKED")
+	if err != nil {
+		return nil, 0, "", fmt.Errorf("lock walked rows: %w", err)
+	}
+	var cands []candidate
+	var now string
+	for rows.Next() {
+		var c candidate
+		if err := rows.Scan(&c.id, &c.key, &c.live, &c.failed, &now); err != nil {
+			_ = rows.Close()
+			return nil, 0, "", fmt.Errorf("lock walked rows: %w", err)
+		}
+		cands = append(cands, c)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, 0, "", fmt.Errorf("lock walked rows: %w", err)
+	}
+	if len(cands) == 0 {
+		return nil, 0, "", nil
+	}
+	nowLit := "'" + now + "'" // the server's own DATETIME text
+	var chosen, park []int64
+	if strict {
+		chosen, park, err = s.strictPick(ctx, tx, cands, p.BatchSize, nowLit, visible, failed)
+		if err != nil {
+			return nil, 0, "", err
+		}
+	} else {
+		for _, c := range cands {
+			if !c.live {
+				chosen = append(chosen, c.id)
+			}
+		}
+	}
+	if len(park) > 0 {
+		if _, err := tx.ExecContext(ctx, "UPDATE "+s.table+" SET parked = 1 WHERE id IN ("+idsText(park)+")"); err != nil {
+			return nil, 0, "", fmt.Errorf("park: %w", err)
+		}
+	}
+	return chosen, len(park), nowLit, nil
 }
 
 // strictPick decides, among the walked candidates, which rows to lease (the

@@ -23,6 +23,10 @@ const TableDefault = "outbox"
 // WalkFactorDefault is [Config.WalkFactor] when it is 0.
 const WalkFactorDefault = 1
 
+// maxWalkFactor bounds [Config.WalkFactor], and how many batches of rows a
+// claim walks in all when its walks find only rows to park.
+const maxWalkFactor = 16
+
 // maxIdentifierLen is MySQL's limit for database and table names.
 const maxIdentifierLen = 64
 
@@ -62,6 +66,9 @@ type Config struct {
 	// walks twice the batch parks the rows it walked behind its heads and did
 	// not take, and the acks set them free again, two writes per row that
 	// a walk of one batch does not make (it takes them as the heads' followers).
+	// A claim whose walk found only rows to park walks again, up to 16
+	// batches in all, so that a backlog held back behind one key does not
+	// make claims come back empty while other keys wait behind it.
 	// Defaults to [WalkFactorDefault] (1: a drain of 1000 keys, batch 100 and
 	// 1000, ran 25% to 60% faster than with 2); must be between 1 and 16.
 	WalkFactor int
@@ -98,8 +105,8 @@ func (c Config) Validate() error {
 	if c.VisibilityDelay < 0 {
 		return fmt.Errorf("Config.VisibilityDelay is %s: must be >= 0", c.VisibilityDelay)
 	}
-	if c.WalkFactor < 0 || c.WalkFactor > 16 {
-		return fmt.Errorf("Config.WalkFactor is %d: must be between 1 and 16 (or 0 for the default, %d)", c.WalkFactor, WalkFactorDefault)
+	if c.WalkFactor < 0 || c.WalkFactor > maxWalkFactor {
+		return fmt.Errorf("Config.WalkFactor is %d: must be between 1 and %d (or 0 for the default, %d)", c.WalkFactor, maxWalkFactor, WalkFactorDefault)
 	}
 	return nil
 }

@@ -266,7 +266,7 @@ func TestHeldBackRowsNotWalked(t *testing.T) {
 	ids := insert(t, s, recs(keys...)...)
 	head := claim(t, s, "w", 1, time.Minute)
 	must(t, s.Nack(ctx, storage.NackParams{ID: head[0].ID, WorkerID: "w", Error: "later", RetryAt: time.Now().Add(time.Hour)}))
-	// Claims park the rows behind, at most WalkFactor*batch per claim.
+	// Claims park the rows behind, at most 16 batches per claim.
 	for range 200 {
 		if got := claim(t, s, "w", 100, time.Minute); len(got) != 0 {
 			t.Fatalf("claim returned %v behind a head waiting for its retry", idsOf(got))
@@ -290,6 +290,38 @@ func TestHeldBackRowsNotWalked(t *testing.T) {
 		t.Fatalf("claimed %d of the 100 other keys' records", len(got))
 	}
 	t.Logf("claim of 100 with %d rows held back: %v", behind, took)
+}
+
+// TestClaimWalksPastABacklogItParks: a claim whose walk finds only rows
+// to park (a key's backlog behind a head waiting for its retry, not parked
+// yet) walks on and returns the other keys' rows behind that backlog rather
+// than nothing; with one walk a batch it came back empty ten times in a row.
+func TestClaimWalksPastABacklogItParks(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	const behind = 1000
+	keys := make([]string, behind+1)
+	for i := range keys {
+		keys[i] = "hot"
+	}
+	for i := 0; i < len(keys); i += 500 {
+		insert(t, s, recs(keys[i:min(i+500, len(keys))]...)...)
+	}
+	head := claim(t, s, "w", 1, time.Minute)
+	must(t, s.Nack(ctx, storage.NackParams{ID: head[0].ID, WorkerID: "w", Error: "later", RetryAt: time.Now().Add(time.Hour)}))
+	others := make([]string, 200)
+	for i := range others {
+		others[i] = fmt.Sprint("k", i)
+	}
+	want := insert(t, s, recs(others...)...)
+	got := claim(t, s, "w", 100, time.Minute)
+	if len(got) != 100 || got[0].ID != want[0] {
+		t.Fatalf("claim of 100 returned %d records (first %v), want the other keys' first 100 from id %d", len(got), idsOf(got)[:min(len(got), 1)], want[0])
+	}
+	if p := parkedIDs(t, s); len(p) != behind {
+		t.Fatalf("%d rows parked, want the %d behind the head", len(p), behind)
+	}
 }
 
 // TestKeysCompareExactly: keys differing in case or trailing space are
