@@ -126,8 +126,11 @@
 // once, after a lease ran out) is looked for again once that ack committed.
 // When no row of the table is parked (one claim_idx entry read after the
 // write-back's rows are locked: a claim parks only behind a row it holds
-// locked), there is nothing to unpark and none of this is done; in a drain of
-// keys spread out that is most acks (an ack of 1000 rows: 30 ms to 20 ms). Nack and
+// locked), there is nothing to unpark and none of this is done: in a drain of
+// keys spread out with nothing held back, most acks (an ack of 1000 rows:
+// 30 ms to 20 ms). One parked row anywhere in the table (a key behind a
+// retry, a dead record with HoldOnDeadLetter) turns this off for every
+// write-back until it is set free. Nack and
 // release do not change parking. [Storage.Redrive] un-parks the rows it
 // re-drives.
 //
