@@ -25,8 +25,8 @@ import (
 //   - The completer acks published records: from the first that arrives it
 //     gathers for up to ackWindow or a batch, or until every claimed record
 //     is published or settled, or half of MaxInFlight once ackSplit (and
-//     the time the last ack took) has passed, and acks them all in one call; while an ack is in flight the
-//     next ones accumulate.
+//     the time the last ack took) has passed, and acks them all in one call;
+//     while an ack is in flight the next ones accumulate.
 //   - A ticker every Lease/extendDivisor renews the leases of the records
 //     still held; a lane publishes a record only if the publish can finish
 //     (PublishTimeout) before the lease it knows of runs out.

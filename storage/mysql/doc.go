@@ -98,7 +98,10 @@
 //     a live lease (their due_at is the lease's end), rows waiting for a
 //     retry and parked rows are outside the range: a claim's cost depends
 //     on the batch, not on how much is held back. A claim takes no lock on
-//     a claim_idx entry (see Locks and deadlocks);
+//     a claim_idx entry (see Locks and deadlocks). A walk whose rows were all
+//     parked (the steps below) is followed by another, up to 16 batches in
+//     all, so that a claim does not come back empty while claimable rows wait
+//     behind a backlog it is parking;
 //   - finds the lowest pending row of each walked key (a correlated
 //     ORDER BY id LIMIT 1 on key_idx per key, all in one statement). A walked row that
 //     is its key's lowest, and every keyless row, is claimable. A walked row
