@@ -251,21 +251,29 @@ func TestParking(t *testing.T) {
 	}
 }
 
-// TestHeldBackRowsNotWalked: with one key's head waiting for a retry and
-// thousands of rows behind it, claims of other keys cost the same as with
-// nothing held back, once the rows behind are parked.
-func TestHeldBackRowsNotWalked(t *testing.T) {
-	t.Parallel()
-	s := newStore(t, Config{})
-	ctx := t.Context()
-	const behind = 5000
+// backlogBehindRetry inserts behind+1 records of key "hot" and nacks the
+// first for a retry an hour later, so that the rest are held back behind it
+// (not parked yet); it returns their ids.
+func backlogBehindRetry(t *testing.T, s *Storage, behind int) []int64 {
+	t.Helper()
 	keys := make([]string, behind+1)
 	for i := range keys {
 		keys[i] = "hot"
 	}
 	ids := insert(t, s, recs(keys...)...)
 	head := claim(t, s, "w", 1, time.Minute)
-	must(t, s.Nack(ctx, storage.NackParams{ID: head[0].ID, WorkerID: "w", Error: "later", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.Nack(t.Context(), storage.NackParams{ID: head[0].ID, WorkerID: "w", Error: "later", RetryAt: time.Now().Add(time.Hour)}))
+	return ids
+}
+
+// TestHeldBackRowsNotWalked: with one key's head waiting for a retry and
+// thousands of rows behind it, claims of other keys cost the same as with
+// nothing held back, once the rows behind are parked.
+func TestHeldBackRowsNotWalked(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	const behind = 5000
+	ids := backlogBehindRetry(t, s, behind)
 	// Claims park the rows behind, at most 16 batches per claim.
 	for range 200 {
 		if got := claim(t, s, "w", 100, time.Minute); len(got) != 0 {
@@ -299,17 +307,8 @@ func TestHeldBackRowsNotWalked(t *testing.T) {
 func TestClaimWalksPastABacklogItParks(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, Config{})
-	ctx := t.Context()
 	const behind = 1000
-	keys := make([]string, behind+1)
-	for i := range keys {
-		keys[i] = "hot"
-	}
-	for i := 0; i < len(keys); i += 500 {
-		insert(t, s, recs(keys[i:min(i+500, len(keys))]...)...)
-	}
-	head := claim(t, s, "w", 1, time.Minute)
-	must(t, s.Nack(ctx, storage.NackParams{ID: head[0].ID, WorkerID: "w", Error: "later", RetryAt: time.Now().Add(time.Hour)}))
+	backlogBehindRetry(t, s, behind)
 	others := make([]string, 200)
 	for i := range others {
 		others[i] = fmt.Sprint("k", i)
