@@ -276,6 +276,13 @@ func (s *onceSubscriber) Close() error {
 }
 
 func (r *wmRelay) Start(ctx context.Context, target message.Publisher) (func(), error) {
+	return startWatermill(ctx, target, r.cfg.forwarders, r.topic, r.subscriber)
+}
+
+// startWatermill runs n of Watermill's forwarders (at least one), each on a
+// subscriber of its own, until the returned function is called; it returns
+// once every one is running.
+func startWatermill(ctx context.Context, target message.Publisher, n int, topic string, subscriber func() (*wmsql.Subscriber, error)) (func(), error) {
 	var fwds []*forwarder.Forwarder
 	var subs []*onceSubscriber
 	var wg sync.WaitGroup
@@ -288,15 +295,15 @@ func (r *wmRelay) Start(ctx context.Context, target message.Publisher) (func(), 
 			_ = s.Close()
 		}
 	}
-	for range max(r.cfg.forwarders, 1) {
-		wsub, err := r.subscriber()
+	for range max(n, 1) {
+		wsub, err := subscriber()
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
 		sub := &onceSubscriber{Subscriber: wsub}
 		subs = append(subs, sub)
-		f, err := forwarder.NewForwarder(sub, target, watermill.NopLogger{}, forwarder.Config{ForwarderTopic: r.topic})
+		f, err := forwarder.NewForwarder(sub, target, watermill.NopLogger{}, forwarder.Config{ForwarderTopic: topic})
 		if err != nil {
 			closeAll()
 			return nil, err

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"runtime/pprof"
 	"sync"
@@ -179,45 +178,7 @@ func (r *wmMyRelay) PublishTx(ctx context.Context, msgs []*message.Message) erro
 }
 
 func (r *wmMyRelay) Start(ctx context.Context, target message.Publisher) (func(), error) {
-	var fwds []*forwarder.Forwarder
-	var subs []*onceSubscriber
-	var wg sync.WaitGroup
-	closeAll := func() {
-		for _, f := range fwds {
-			_ = f.Close()
-		}
-		wg.Wait()
-		for _, s := range subs {
-			_ = s.Close()
-		}
-	}
-	for range max(r.cfg.forwarders, 1) {
-		wsub, err := r.subscriber()
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		sub := &onceSubscriber{Subscriber: wsub}
-		subs = append(subs, sub)
-		f, err := forwarder.NewForwarder(sub, target, watermill.NopLogger{}, forwarder.Config{ForwarderTopic: r.topic})
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		fwds = append(fwds, f)
-	}
-	for _, f := range fwds {
-		wg.Go(func() { _ = f.Run(ctx) })
-	}
-	for _, f := range fwds {
-		select {
-		case <-f.Running():
-		case <-time.After(10 * time.Second):
-			closeAll()
-			return nil, errors.New("watermill forwarder did not start within 10s")
-		}
-	}
-	return closeAll, nil
+	return startWatermill(ctx, target, r.cfg.forwarders, r.topic, r.subscriber)
 }
 
 func (r *wmMyRelay) Teardown(ctx context.Context) error {
