@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -343,4 +344,87 @@ func TestHeldProbeReadsBackwards(t *testing.T) {
 	if !regexp.MustCompile(`Index Only Scan Backward using \S+held_idx`).MatchString(plan) {
 		t.Fatalf("the held probe does not read the held index backwards:\n%s", plan)
 	}
+}
+
+// TestClaimAfterAnOutageWalksOnlyTheLeadingHeads: after an outage every
+// key's head is free again and the rest of its rows are parked. A claim
+// hands out the heads of the first keys of its walk with the rows parked
+// behind them, and its walk (the CTE c) reads those heads only, not a whole
+// batch of heads that the batch has no room for.
+func TestClaimAfterAnOutageWalksOnlyTheLeadingHeads(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	const keys, perKey, batch = 200, 21, 100
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, topic, key)
+SELECT g::text, 't', 'k' || (g %% $1) FROM generate_series(0, $2::int - 1) g`, s.table), keys, keys*perKey)
+	must(t, err)
+	_, err = s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %[1]s o SET hold = 'behind'
+WHERE o.id > (SELECT min(h.id) FROM %[1]s h WHERE h.key = o.key)`, s.table))
+	must(t, err)
+
+	if walked := claimWalkRows(t, s, batch); walked > runKeys {
+		t.Errorf("the claim's walk read %d rows, want at most %d (the heads whose parked rows fill the batch)", walked, runKeys)
+	}
+	got := claim(t, s, "w", batch, time.Minute)
+	if len(got) != batch {
+		t.Fatalf("claimed %d rows, want %d", len(got), batch)
+	}
+	// Every key handed out goes from its head on, its rows in id order.
+	var heads []int64
+	must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT array_agg(id) FROM %s WHERE hold IS NULL`, s.table)).Scan(&heads))
+	next := map[string]int64{}
+	for _, r := range got {
+		want, seen := next[r.Key]
+		if !seen && !slices.Contains(heads, r.ID) {
+			t.Fatalf("row %d of key %s handed out without its head", r.ID, r.Key)
+		}
+		if seen && r.ID <= want {
+			t.Fatalf("row %d of key %s after row %d", r.ID, r.Key, want)
+		}
+		next[r.Key] = r.ID
+	}
+	if len(next) > runKeys {
+		t.Errorf("the batch holds %d keys, want at most %d", len(next), runKeys)
+	}
+}
+
+// claimWalkRows runs the claim under EXPLAIN ANALYZE (rolled back) and
+// returns how many rows its walk, the CTE c, produced.
+func claimWalkRows(t *testing.T, s *Storage, batch int) int {
+	t.Helper()
+	ctx := t.Context()
+	tx, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // test
+	_, err = tx.Exec(ctx, s.q.plan)
+	must(t, err)
+	var out []byte
+	must(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+s.q.claim, batch, "explain", time.Minute.Microseconds()).Scan(&out))
+	var plans []struct{ Plan planNode }
+	must(t, json.Unmarshal(out, &plans))
+	var find func(n planNode) int
+	find = func(n planNode) int {
+		if n.SubplanName == "CTE c" {
+			return n.ActualRows
+		}
+		for _, c := range n.Plans {
+			if r := find(c); r >= 0 {
+				return r
+			}
+		}
+		return -1
+	}
+	rows := find(plans[0].Plan)
+	if rows < 0 {
+		t.Fatalf("no CTE c in the claim's plan:\n%s", out)
+	}
+	return rows
+}
+
+// planNode is a node of EXPLAIN (FORMAT JSON).
+type planNode struct {
+	SubplanName string     `json:"Subplan Name"`
+	ActualRows  int        `json:"Actual Rows"`
+	Plans       []planNode `json:"Plans"`
 }
