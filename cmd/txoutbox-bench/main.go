@@ -63,6 +63,7 @@ type options struct {
 	poll        time.Duration
 	rate        int
 	duration    time.Duration
+	warmup      time.Duration
 	wmPolls     []time.Duration
 	wmLatMsgs   int
 	scenarios   map[string]bool
@@ -131,6 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.poll, "poll", 10*time.Millisecond, "idle poll interval of both relays in drain and steady runs")
 	fs.IntVar(&o.rate, "rate", 1000, "offered load of the latency scenario, msgs/s")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of the latency scenario")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "latency scenario: offered load before the measured -duration, whose latencies are not counted (both relays start cold: new connections, statements not yet planned)")
 	fs.StringVar(&wmPolls, "wm-poll", "1ms,10ms", "watermill poll intervals tried in the latency scenario; the best is reported (list)")
 	fs.IntVar(&o.wmLatMsgs, "wm-latency-messages", 5000, "cap on messages of watermill drains with broker latency (it forwards one at a time)")
 	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,hotkey,rss", "scenarios to run (list); hotkey: one key, then 10 keys carrying half the messages, 1 ms broker latency, the most -forwarders, a 2 s lease; outage (not in the default list, it adds minutes): txoutbox alone, strict ordering, a backlog of -outage-rows over -keys keys whose every key's head failed while the broker was down, drained once the retries are due, against a normal drain of the same backlog, at the first -latency, -batch and -forwarders; with -db mysql the default is insert,drain,steady")
@@ -220,7 +222,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		quick := map[string]func(){
 			"messages": func() { o.messages = 1000 }, "keys": func() { o.keys = 100 },
-			"rate": func() { o.rate = 500 }, "duration": func() { o.duration = time.Second },
+			"rate": func() { o.rate = 500 }, "duration": func() { o.duration = time.Second }, "warmup": func() { o.warmup = 200 * time.Millisecond },
 			"rss-rows": func() { o.rssRows = 20000 }, "rss-drain": func() { o.rssDrain = 5000 },
 			"wm-latency-messages": func() { o.wmLatMsgs = 300 }, "batch": func() { o.batches = []int{100} },
 			"hot-messages": func() { o.hotMsgs = 300 },
@@ -835,6 +837,8 @@ func (b *bench) together(ctx context.Context, kind string, cfg relayConfig, n in
 	}
 	start := time.Now()
 	if paced {
+		// The first -warmup of the offered load is not measured.
+		s.recordFrom.Store(start.Add(b.o.warmup).UnixNano())
 		err = b.produceAt(ctx, r, n, b.o.rate)
 	} else {
 		oc.insert, err = b.produce(ctx, r, n, true)
@@ -881,11 +885,11 @@ func (b *bench) steady(ctx context.Context) error {
 }
 
 func (b *bench) latency(ctx context.Context) error {
-	n := max(int(float64(b.o.rate)*b.o.duration.Seconds()), b.o.perTx)
+	n := max(int(float64(b.o.rate)*(b.o.warmup+b.o.duration).Seconds()), b.o.perTx)
 	batch := b.o.batches[0]
 	// txoutbox idles long between polls: the wake-ups come from NOTIFY.
 	cfg := relayConfig{batch: batch, concurrency: b.concurrencyFor(0), strict: true, notify: true, poll: time.Second, forwarders: 1}
-	b.progress("latency txoutbox (LISTEN/NOTIFY, poll 1s) rate=%d/s for %s", b.o.rate, b.o.duration)
+	b.progress("latency txoutbox (LISTEN/NOTIFY, poll 1s) rate=%d/s for %s after %s warm-up", b.o.rate, b.o.duration, b.o.warmup)
 	t, err := b.together(ctx, "txo", cfg, n, 0, true)
 	if err != nil {
 		return err
@@ -898,7 +902,7 @@ func (b *bench) latency(ctx context.Context) error {
 		}
 		wcfg := cfg
 		wcfg.notify, wcfg.poll = false, poll
-		b.progress("latency watermill poll=%s rate=%d/s for %s", poll, b.o.rate, b.o.duration)
+		b.progress("latency watermill poll=%s rate=%d/s for %s after %s warm-up", poll, b.o.rate, b.o.duration, b.o.warmup)
 		w, err := b.together(ctx, "wm", wcfg, n, 0, true)
 		if err != nil {
 			return err
@@ -907,7 +911,7 @@ func (b *bench) latency(ctx context.Context) error {
 			best, bestPoll = w, poll
 		}
 	}
-	settings := fmt.Sprintf("rate=%d/s %s batch=%d; txo NOTIFY (poll 1s), wm poll %s", b.o.rate, b.o.duration, batch, bestPoll)
+	settings := fmt.Sprintf("rate=%d/s %s after %s warm-up, batch=%d; txo NOTIFY (poll 1s), wm poll %s", b.o.rate, b.o.duration, b.o.warmup, batch, bestPoll)
 	b.rows = append(b.rows,
 		row{scenario: "latency p50", settings: settings, txo: ms(t.p50), wm: ms(best.p50), ratio: ratio(best.p50.Seconds(), t.p50.Seconds()) + " faster", txoDL: t.dl(), wmDL: best.dl()},
 		row{scenario: "latency p99", settings: settings, txo: ms(t.p99), wm: ms(best.p99), ratio: ratio(best.p99.Seconds(), t.p99.Seconds()) + " faster", txoDL: t.dl(), wmDL: best.dl()},

@@ -106,6 +106,28 @@ func TestSinkCountsLossesDuplicatesAndReorders(t *testing.T) {
 	}
 }
 
+// TestSinkLeavesTheWarmUpOutOfTheLatencies: a message sent before
+// recordFrom is delivered and counted, but its latency is not recorded.
+func TestSinkLeavesTheWarmUpOutOfTheLatencies(t *testing.T) {
+	s := newSink(2, 0, nil, 0, true)
+	from := time.Now()
+	s.recordFrom.Store(from.UnixNano())
+	sentAt := func(i int, at time.Time) *message.Message {
+		m := messageWithUUID(makeUUID(i))
+		m.Metadata.Set(metaSent, strconv.FormatInt(at.UnixNano(), 10))
+		return m
+	}
+	if err := s.Publish("t", sentAt(0, from.Add(-time.Second)), sentAt(1, from)); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.unique.Load(); got != 2 {
+		t.Errorf("delivered %d, want 2", got)
+	}
+	if len(s.latencies) != 1 || s.latencies[0] > time.Second/2 {
+		t.Errorf("latencies %v, want one (the message sent at recordFrom, not the warm-up's)", s.latencies)
+	}
+}
+
 func TestPlanKeepsEachKeyOnOneProducerInOrder(t *testing.T) {
 	b := &bench{o: options{producers: 3, perTx: 4, keys: 5}}
 	owner := map[int]int{}

@@ -37,8 +37,11 @@ type sink struct {
 	tenthAt, nineTenthsAt atomic.Int64
 
 	recordLatency bool
-	mu            sync.Mutex
-	latencies     []time.Duration
+	// recordFrom (unix nanos): latencies of messages sent before it are not
+	// recorded (a warm-up); 0 records all.
+	recordFrom atomic.Int64
+	mu         sync.Mutex
+	latencies  []time.Duration
 }
 
 func newSink(n, keys int, keyOf func(int) int, latency time.Duration, recordLatency bool) *sink {
@@ -93,7 +96,7 @@ func (s *sink) Publish(_ string, msgs ...*message.Message) error {
 			}
 		}
 		if s.recordLatency {
-			if sent, err := strconv.ParseInt(m.Metadata.Get(metaSent), 10, 64); err == nil {
+			if sent, err := strconv.ParseInt(m.Metadata.Get(metaSent), 10, 64); err == nil && sent >= s.recordFrom.Load() {
 				s.mu.Lock()
 				s.latencies = append(s.latencies, now.Sub(time.Unix(0, sent)))
 				s.mu.Unlock()
