@@ -43,11 +43,11 @@
 // or by the claim that meets them. The delivery of the record they wait for
 // (an ack; a dead-letter, unless [Config.HoldOnDeadLetter]; a re-drive or
 // skip by an operator) sets the next one free, and a claim that takes it
-// takes the rows parked right behind it along, still parked (the keys of the
-// first 16 rows of its walk, an even share of the batch each; the walk then
-// reads only what they leave of the batch): after an outage a key costs a
-// write per claim, not one per row, and a claim reads its 16 heads, not a
-// batch of heads it has no room for. A claim that meets a row parked
+// takes the rows parked right behind it along, still parked (the first 16
+// keys among the first 64 rows of its walk, an even share of the batch each;
+// the walk then reads only what they leave of the batch): after an outage a
+// key costs a write per claim, not one per row, and a claim walks 64 heads,
+// not a batch of heads it has no room for. A claim that meets a row parked
 // behind rows in flight never parks behind those (their owner's ack takes
 // no lock). A claim then reads the rows it hands out, the rows in flight and the
 // rows right behind those, never the rows held back behind a waiting record:

@@ -21,6 +21,14 @@ const parkChunk = 50000
 // still fills the 16 lanes of the default Concurrency.
 const runKeys = 16
 
+// leadRows is how many rows at the head of a strict claim's walk are read for
+// the keys that take parked rows along (the first runKeys keys among them),
+// when some row is held. More than runKeys, so that keyless rows, or a key
+// with many rows free, at the head of the walk leave room for keys with
+// parked rows behind them; far fewer than a batch, which is what the walk read
+// for them before (see followers in buildQueries).
+const leadRows = 4 * runKeys
+
 // slotCount is the number of key slots: the slot column of a row is the hash
 // of its key (its id when keyless) modulo slotCount. Up to slotCount
 // claimers get slots of their own.
@@ -54,7 +62,11 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// of its key that does not (its transaction wrote something else first);
 	// with strict ordering a fenced row therefore holds back the later rows
 	// of its key that its claim walks (each walk is in id order, so those
-	// come after it): blocked is true from a key's first fenced row on.
+	// come after it): blocked is true from a key's first fenced row on. A
+	// keyless row is its own partition. The window puts the rows in key
+	// order; they are put back in id order, which what reads a prefix of the
+	// walk (lw and c in the claim) relies on: in key order, the keys whose
+	// names sort first went out first, and the oldest could wait 40 claims.
 	xmin, fenceOpen, fenceCol, fenceClose := "", "", "", ""
 	// fenceClear: the row aliased o is clear of the fence.
 	const fenceClear = "(o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk))"
@@ -62,9 +74,9 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 		xmin = ", pg_snapshot_xmin(pg_current_snapshot()) AS x"
 		fenceOpen = `
             SELECT * FROM (SELECT w.*, bool_or(NOT w.ok) OVER (
-                PARTITION BY CASE WHEN w.key = '' THEN w.id::text ELSE w.key END ORDER BY w.id) AS blocked FROM (`
+                PARTITION BY w.key, CASE WHEN w.key = '' THEN w.id END ORDER BY w.id) AS blocked FROM (`
 		fenceCol = ",\n            " + fenceClear + " AS ok"
-		fenceClose = ") w) b WHERE NOT b.blocked"
+		fenceClose = ") w) b WHERE NOT b.blocked ORDER BY b.id"
 	}
 	// Strict ordering: what holds a row back. In flight: an earlier record
 	// of its key under a live lease (hm, a map key -> the lowest leased id,
@@ -366,10 +378,11 @@ i AS (
           AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
         ORDER BY p.id
         LIMIT %[3]d))),`, t, held("p", true), parkChunk, unleased("p"))
-		// lw: the walk's first runKeys rows (the same walk as c, so they
-		// are the first rows of c), read only when something is held. Their
-		// keys (lead) take followers: the rows parked right behind lw's last
-		// row of each key, in id order, as long as they are
+		// lw: the walk's first leadRows rows (the same walk as c, in id
+		// order, so they are the first rows of c), read only when something
+		// is held. Their first runKeys keys (lead) take followers: the rows
+		// parked right behind lw's last row of each key, in id order, as long
+		// as they are
 		// parked, not in flight and due (and pass the fence; with
 		// HoldOnDeadLetter no dead or failed record comes before them), an
 		// even share of the batch per key at most. They go out with their
@@ -380,10 +393,15 @@ i AS (
 		// the end of a key's rows, so its order holds); the walk's rows as
 		// they are when there are no followers. Only ids are sorted (cut),
 		// not the rows with their payloads. c, the walk, reads what the
-		// followers leave of the batch, and never fewer rows than lw: after
-		// an outage (every key's head set free, the rest parked), it read a
-		// whole batch of heads, of which cut kept the 16 that lead the
-		// followers (8 of a claim's 27 ms under auto_explain).
+		// followers leave of the batch, and never fewer rows than lw. After
+		// an outage (every key's head set free, the rest parked) a claim
+		// used to walk a whole batch of heads, of which cut kept the 16 that
+		// lead the followers (8 of a claim's 27 ms under auto_explain); now
+		// it walks leadRows rows twice. A claim can still come back short of
+		// the batch, never wrong: when more than leadRows keyless rows, or
+		// rows of keys with nothing parked, come first and the walk runs out
+		// of rows before the batch is full, the keys with parked rows behind
+		// them that it met after lw take none along this time.
 		//
 		// The rows of a key after its last walked row are written as a range
 		// of (key, id), "(key, id) > (the key, last) AND key <= the key",
@@ -409,7 +427,7 @@ i AS (
 		followers := fmt.Sprintf(`lw AS MATERIALIZED (
     SELECT w.id, w.key FROM (
     %[4]s
-    LIMIT LEAST($1, %[3]d)) w
+    LIMIT LEAST($1, %[5]d)) w
     WHERE (SELECT g FROM anyheld)),
 lead AS MATERIALIZED (
     SELECT lw.key, min(lw.id) AS first, max(lw.id) AS last FROM lw
@@ -429,7 +447,7 @@ f AS MATERIALIZED (
         WHERE w.run) r),
 c AS MATERIALIZED (
     %[4]s
-    LIMIT GREATEST($1 - (SELECT count(*) FROM f), LEAST($1, %[3]d))),
+    LIMIT GREATEST($1 - (SELECT count(*) FROM f), LEAST($1, %[5]d))),
 cut AS MATERIALIZED (
     SELECT x.id FROM (
         SELECT c.id, CASE WHEN c.key = '' THEN c.id ELSE min(c.id) OVER (PARTITION BY c.key) END AS grp FROM c
@@ -442,7 +460,7 @@ cf AS MATERIALIZED (
     WHERE NOT EXISTS (SELECT 1 FROM f) OR c.id IN (SELECT cut.id FROM cut)
     UNION ALL
     SELECT f.id, f.uuid, f.topic, f.key, f.payload, f.metadata, f.attempts, f.created_at, f.expired, false FROM f
-    WHERE f.id IN (SELECT cut.id FROM cut)),`, t, okFollower, runKeys, walks)
+    WHERE f.id IN (SELECT cut.id FROM cut)),`, t, okFollower, runKeys, walks, leadRows)
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[13]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)

@@ -349,8 +349,8 @@ func TestHeldProbeReadsBackwards(t *testing.T) {
 // TestClaimAfterAnOutageWalksOnlyTheLeadingHeads: after an outage every
 // key's head is free again and the rest of its rows are parked. A claim
 // hands out the heads of the first keys of its walk with the rows parked
-// behind them, and its walk (the CTE c) reads those heads only, not a whole
-// batch of heads that the batch has no room for.
+// behind them, and its walk (the CTE c) reads the first leadRows heads only,
+// not a whole batch of heads that the batch has no room for.
 func TestClaimAfterAnOutageWalksOnlyTheLeadingHeads(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -363,8 +363,8 @@ SELECT g::text, 't', 'k' || (g %% $1) FROM generate_series(0, $2::int - 1) g`, s
 WHERE o.id > (SELECT min(h.id) FROM %[1]s h WHERE h.key = o.key)`, s.table))
 	must(t, err)
 
-	if walked := claimWalkRows(t, s, batch); walked > runKeys {
-		t.Errorf("the claim's walk read %d rows, want at most %d (the heads whose parked rows fill the batch)", walked, runKeys)
+	if walked := claimWalkRows(t, s, batch); walked > leadRows {
+		t.Errorf("the claim's walk read %d rows, want at most %d (the heads whose parked rows fill the batch)", walked, leadRows)
 	}
 	got := claim(t, s, "w", batch, time.Minute)
 	if len(got) != batch {
@@ -427,4 +427,89 @@ type planNode struct {
 	SubplanName string     `json:"Subplan Name"`
 	ActualRows  int        `json:"Actual Rows"`
 	Plans       []planNode `json:"Plans"`
+}
+
+// outageTable inserts rows with the given keys, in that order, and parks
+// every keyed row but its key's first, as an outage leaves a table once every
+// key's head is due again.
+func outageTable(t *testing.T, s *Storage, keys []string) {
+	t.Helper()
+	ctx := t.Context()
+	var in []storage.Record
+	for _, k := range keys {
+		in = append(in, rec(k))
+	}
+	insert(t, s, in...)
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %[1]s o SET hold = 'behind'
+WHERE o.key <> '' AND o.id > (SELECT min(h.id) FROM %[1]s h WHERE h.key = o.key)`, s.table))
+	must(t, err)
+	var got []string
+	must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT array_agg(key ORDER BY id) FROM %s`, s.table)).Scan(&got))
+	if !slices.Equal(got, keys) {
+		t.Fatalf("rows inserted in another order: %v", got)
+	}
+}
+
+// TestClaimFillsTheBatchPastRowsWithNothingParked: keyless rows, or a key
+// with rows free, at the head of the walk do not crowd out the keys with
+// parked rows behind them: a claim still takes those keys' rows along and
+// fills the batch. (The keys that take rows along once came from the walk's
+// first 16 rows only: these claims came back with 21 rows.)
+func TestClaimFillsTheBatchPastRowsWithNothingParked(t *testing.T) {
+	t.Parallel()
+	for _, first := range []string{"", "hot"} {
+		t.Run(fmt.Sprintf("first=%q", first), func(t *testing.T) {
+			s := newStore(t, Config{})
+			var keys []string
+			for range runKeys {
+				keys = append(keys, first)
+			}
+			for i := range 5 {
+				for range 51 {
+					keys = append(keys, fmt.Sprintf("k%d", i))
+				}
+			}
+			outageTable(t, s, keys)
+			if first != "" { // the key's rows are free, not parked
+				_, err := s.pool.Exec(t.Context(), fmt.Sprintf(`UPDATE %s SET hold = NULL WHERE key = $1`, s.table), first)
+				must(t, err)
+			}
+			if got := claim(t, s, "w", 100, time.Minute); len(got) != 100 {
+				t.Errorf("claimed %d rows, want a full batch of 100", len(got))
+			}
+		})
+	}
+}
+
+// TestCommitFenceClaimsTheOldestKeysFirst: with CommitFence, a claim after an
+// outage takes the keys whose heads are oldest, not those whose names sort
+// first (the fence's window over the walk sorts it by key; the claim reads a
+// prefix of the walk). Here the oldest head's key sorts last.
+func TestCommitFenceClaimsTheOldestKeysFirst(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{CommitFence: true})
+	const keys = 200
+	var order []string
+	for range 21 {
+		for i := keys - 1; i >= 0; i-- {
+			order = append(order, fmt.Sprintf("k%03d", i))
+		}
+	}
+	outageTable(t, s, order)
+	oldest := fmt.Sprintf("k%03d", keys-1)
+	got := claim(t, s, "w", 100, time.Minute)
+	if len(got) == 0 || got[0].Key != oldest {
+		t.Fatalf("the claim's first key is %v, want %s (its head is the oldest row)", keysOf(got), oldest)
+	}
+}
+
+// keysOf lists the records' keys, each once, in their order.
+func keysOf(recs []storage.Record) []string {
+	var keys []string
+	for _, r := range recs {
+		if !slices.Contains(keys, r.Key) {
+			keys = append(keys, r.Key)
+		}
+	}
+	return keys
 }
