@@ -63,10 +63,10 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// with strict ordering a fenced row therefore holds back the later rows
 	// of its key that its claim walks (each walk is in id order, so those
 	// come after it): blocked is true from a key's first fenced row on. A
-	// keyless row is its own partition. The window puts the rows in key
-	// order; they are put back in id order, which what reads a prefix of the
-	// walk (lw and c in the claim) relies on: in key order, the keys whose
-	// names sort first went out first, and the oldest could wait 40 claims.
+	// keyless row is its own partition. The window returns the rows in key
+	// order; they are put back in id order, on which the claim's prefixes of
+	// the walk (lw and c) rely: in key order, the keys whose names sort first
+	// went out first, and the oldest key could wait 40 claims.
 	xmin, fenceOpen, fenceCol, fenceClose := "", "", "", ""
 	// fenceClear: the row aliased o is clear of the fence.
 	const fenceClear = "(o.created_xid IS NULL OR o.created_xid < (SELECT x FROM clk))"
@@ -382,8 +382,7 @@ i AS (
 		// order, so they are the first rows of c), read only when something
 		// is held. Their first runKeys keys (lead) take followers: the rows
 		// parked right behind lw's last row of each key, in id order, as long
-		// as they are
-		// parked, not in flight and due (and pass the fence; with
+		// as they are parked, not in flight and due (and pass the fence; with
 		// HoldOnDeadLetter no dead or failed record comes before them), an
 		// even share of the batch per key at most. They go out with their
 		// head and stay parked while in flight: the head's ack sets free
