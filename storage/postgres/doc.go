@@ -84,10 +84,11 @@
 // not fill the batch it also looks at the head of the others'. One forwarder
 // owns every slot and claims as if slots did not exist; four forwarders over
 // 1000 keys each hold about 250 keys and scale with them. A forwarder that
-// stops calls [Storage.Leave] so the others take its range at once. Every
-// claim refreshes its worker row, so even an idle forwarder's poll is a
-// small write. Which
-// slots a worker walks never decides what may be claimed: a key lives in one
+// stops calls [Storage.Leave] so the others take its range at once. A claim
+// refreshes its worker row when more than 5 seconds of its membership have
+// gone by, not every time: a claim that finds nothing usually writes nothing,
+// and commits without waiting for a WAL flush. Which slots a worker walks
+// never decides what may be claimed: a key lives in one
 // slot, and the check above is the same for all of them.
 //
 // # Writes per message

@@ -38,7 +38,10 @@ const slotCount = 256
 // its lease if that is longer (a round must end within its lease): long
 // enough to cover a forwarder's idle poll (PollMax, 5s by default), short
 // enough that the slots of a worker that stopped without [Storage.Leave] go
-// to the others soon.
+// to the others soon. A claim writes its worker row only when it would move
+// seen_until on by more than half of memberTTL: a claim that finds nothing
+// then writes nothing, so it commits without waiting for a WAL flush (an
+// idle forwarder's poll, the empty claim after each batch at a low rate).
 const memberTTL = 10 * time.Second
 
 // queries holds the statements of one storage, built once in New.
@@ -463,7 +466,9 @@ cf AS MATERIALIZED (
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[13]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
-    VALUES ($2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond'))
+    SELECT $2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond')
+    WHERE NOT EXISTS (SELECT 1 FROM %[7]s WHERE worker_id = $2
+        AND seen_until >= (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond') - interval '%[14]d microseconds')
     ON CONFLICT (worker_id) DO UPDATE SET seen_until = excluded.seen_until),
 gone AS (
     DELETE FROM %[7]s WHERE seen_until < (SELECT t FROM clk) - interval '%[8]d microseconds' AND worker_id <> $2),
@@ -495,7 +500,7 @@ ins AS (
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT cf.id, cf.uuid, cf.topic, cf.key, cf.payload, cf.metadata, a.attempts, cf.created_at
 FROM a JOIN cf ON cf.id = a.id`, t, leases, due, anyHeld, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
-			park, followers, xmin)
+			park, followers, xmin, (memberTTL / 2).Microseconds())
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather

@@ -513,3 +513,33 @@ func keysOf(recs []storage.Record) []string {
 	}
 	return keys
 }
+
+// TestClaimRefreshesItsWorkerRowOnlyWhenDue: a claim writes its worker row
+// (key slots) only when more than half of memberTTL would be added to it, so
+// that a claim that finds nothing writes nothing (and commits without a WAL
+// flush); a membership about to run out is refreshed.
+func TestClaimRefreshesItsWorkerRowOnlyWhenDue(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	version := func() (xmin string, until time.Time) {
+		t.Helper()
+		must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT xmin::text, seen_until FROM %s WHERE worker_id = 'w'`, s.workers)).Scan(&xmin, &until))
+		return xmin, until
+	}
+	claim(t, s, "w", 10, time.Minute)
+	first, until := version()
+	if time.Until(until) < 50*time.Second {
+		t.Fatalf("membership until %s, want about the lease (a minute) from now", until)
+	}
+	claim(t, s, "w", 10, time.Minute)
+	if again, _ := version(); again != first {
+		t.Errorf("an empty claim rewrote its fresh worker row (xmin %s, then %s)", first, again)
+	}
+	var xid string
+	must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`UPDATE %s SET seen_until = clock_timestamp() + interval '50 seconds' WHERE worker_id = 'w' RETURNING xmin::text`, s.workers)).Scan(&xid))
+	claim(t, s, "w", 10, time.Minute)
+	if again, until := version(); again == xid || time.Until(until) < 55*time.Second {
+		t.Errorf("a claim left a membership 10 s short of its lease alone (xmin %s, until %s)", again, until)
+	}
+}
