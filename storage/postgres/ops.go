@@ -38,10 +38,13 @@ const slotCount = 256
 // its lease if that is longer (a round must end within its lease): long
 // enough to cover a forwarder's idle poll (PollMax, 5s by default), short
 // enough that the slots of a worker that stopped without [Storage.Leave] go
-// to the others soon. A claim writes its worker row only when it would move
-// seen_until on by more than half of memberTTL: a claim that finds nothing
-// then writes nothing, so it commits without waiting for a WAL flush (an
-// idle forwarder's poll, the empty claim after each batch at a low rate).
+// to the others soon. A claim sets its worker row's seen_until to half a
+// memberTTL beyond that, and writes it only when it is no longer between the
+// two: a claim that finds nothing then usually writes nothing, so it commits
+// without waiting for a WAL flush (an idle forwarder's poll, the empty claim
+// after each batch at a low rate). A worker that stops without Leave keeps
+// its slots for up to one and a half memberTTL (or its lease and half a
+// memberTTL).
 const memberTTL = 10 * time.Second
 
 // queries holds the statements of one storage, built once in New.
@@ -328,7 +331,8 @@ i AS (
 		// Key slots: every row has a slot (hash of its key, or its id when
 		// keyless; a generated column). The workers that claimed in the last
 		// memberTTL, or in the last lease when that is longer (a round that
-		// is still publishing holds its keys), share the slots: sorted by worker id,
+		// is still publishing holds its keys), and up to half a memberTTL
+		// more (see memberTTL), share the slots: sorted by worker id,
 		// each owns one contiguous range, and a claim walks the pending rows
 		// of its own slots (the slot range is a condition on the pending
 		// index, so other slots' rows cost no heap visit). Workers then hold
@@ -466,9 +470,10 @@ cf AS MATERIALIZED (
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[13]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
-    SELECT $2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond')
+    SELECT $2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond') + interval '%[14]d microseconds'
     WHERE NOT EXISTS (SELECT 1 FROM %[7]s WHERE worker_id = $2
-        AND seen_until >= (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond') - interval '%[14]d microseconds')
+        AND seen_until BETWEEN (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond')
+            AND (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond') + interval '%[14]d microseconds')
     ON CONFLICT (worker_id) DO UPDATE SET seen_until = excluded.seen_until),
 gone AS (
     DELETE FROM %[7]s WHERE seen_until < (SELECT t FROM clk) - interval '%[8]d microseconds' AND worker_id <> $2),

@@ -515,31 +515,41 @@ func keysOf(recs []storage.Record) []string {
 }
 
 // TestClaimRefreshesItsWorkerRowOnlyWhenDue: a claim writes its worker row
-// (key slots) only when more than half of memberTTL would be added to it, so
-// that a claim that finds nothing writes nothing (and commits without a WAL
-// flush); a membership about to run out is refreshed.
+// (key slots) only when its membership no longer reaches from the lease's end
+// (memberTTL at least) to half a memberTTL beyond, so that a claim that finds
+// nothing writes nothing (and commits without a WAL flush), while a worker
+// always counts for its lease, or memberTTL, after its last claim; a row set
+// far ahead (a longer lease before) is brought back.
 func TestClaimRefreshesItsWorkerRowOnlyWhenDue(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	s := newStore(t, Config{})
-	version := func() (xmin string, until time.Time) {
+	version := func() (xmin string, left time.Duration) {
 		t.Helper()
+		var until time.Time
 		must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT xmin::text, seen_until FROM %s WHERE worker_id = 'w'`, s.workers)).Scan(&xmin, &until))
-		return xmin, until
+		return xmin, time.Until(until)
+	}
+	set := func(in string) string {
+		t.Helper()
+		var xmin string
+		must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`UPDATE %s SET seen_until = clock_timestamp() + interval '%s' WHERE worker_id = 'w' RETURNING xmin::text`, s.workers, in)).Scan(&xmin))
+		return xmin
 	}
 	claim(t, s, "w", 10, time.Minute)
-	first, until := version()
-	if time.Until(until) < 50*time.Second {
-		t.Fatalf("membership until %s, want about the lease (a minute) from now", until)
+	first, left := version()
+	if left < time.Minute {
+		t.Fatalf("membership for %s, want the lease (a minute) and more", left)
 	}
 	claim(t, s, "w", 10, time.Minute)
 	if again, _ := version(); again != first {
 		t.Errorf("an empty claim rewrote its fresh worker row (xmin %s, then %s)", first, again)
 	}
-	var xid string
-	must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`UPDATE %s SET seen_until = clock_timestamp() + interval '50 seconds' WHERE worker_id = 'w' RETURNING xmin::text`, s.workers)).Scan(&xid))
-	claim(t, s, "w", 10, time.Minute)
-	if again, until := version(); again == xid || time.Until(until) < 55*time.Second {
-		t.Errorf("a claim left a membership 10 s short of its lease alone (xmin %s, until %s)", again, until)
+	for _, in := range []string{"59 seconds", "1 hour"} {
+		old := set(in)
+		claim(t, s, "w", 10, time.Minute)
+		if again, left := version(); again == old || left < time.Minute || left > time.Minute+memberTTL {
+			t.Errorf("membership set to %s: after a claim with a minute's lease, %s left (xmin %s, then %s), want a minute and up to half a memberTTL", in, left, old, again)
+		}
 	}
 }
