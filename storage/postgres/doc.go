@@ -77,20 +77,21 @@
 // holds. So every row carries a slot (a hash of its key, or of its id when
 // keyless, in a generated column), and the workers claiming from one table
 // share the 256 slots: the workers that claimed in the last ten seconds, or
-// within their lease when that is longer, and up to five seconds more (the worker table,
-// [Storage.WorkerTable]), are sorted by
-// worker id and each owns one contiguous range. A claim walks its own slots
+// within their lease when that is longer, and up to five seconds more (the
+// worker table, [Storage.WorkerTable]), are sorted by worker id and each owns
+// one contiguous range. A claim walks its own slots
 // (checked in the pending index, so other slots cost nothing); when they do
 // not fill the batch it also looks at the head of the others'. One forwarder
 // owns every slot and claims as if slots did not exist; four forwarders over
 // 1000 keys each hold about 250 keys and scale with them. A forwarder that
 // stops calls [Storage.Leave] so the others take its range at once (one
 // that dies keeps it for up to 15 seconds, or its lease and 5 seconds). A
-// claim writes its worker row only when more than 5 seconds of that margin
-// have gone by, not every time: a claim that finds nothing usually writes
-// nothing, and commits without waiting for a WAL flush. Which slots a worker walks
-// never decides what may be claimed: a key lives in one
-// slot, and the check above is the same for all of them.
+// claim writes its worker row only when the membership left no longer lies
+// between its lease (ten seconds at least) and five seconds beyond, not every
+// time: a claim that finds nothing usually writes nothing, and commits
+// without waiting for a WAL flush. Which slots a worker walks never decides
+// what may be claimed: a key lives in one slot, and the check above is the
+// same for all of them.
 //
 // # Writes per message
 //
