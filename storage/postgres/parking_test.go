@@ -356,12 +356,11 @@ func TestClaimAfterAnOutageWalksOnlyTheLeadingHeads(t *testing.T) {
 	ctx := t.Context()
 	s := newStore(t, Config{})
 	const keys, perKey, batch = 200, 21, 100
-	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, topic, key)
-SELECT g::text, 't', 'k' || (g %% $1) FROM generate_series(0, $2::int - 1) g`, s.table), keys, keys*perKey)
-	must(t, err)
-	_, err = s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %[1]s o SET hold = 'behind'
-WHERE o.id > (SELECT min(h.id) FROM %[1]s h WHERE h.key = o.key)`, s.table))
-	must(t, err)
+	var order []string
+	for i := range keys * perKey {
+		order = append(order, fmt.Sprintf("k%d", i%keys))
+	}
+	outageTable(t, s, order)
 
 	if walked := claimWalkRows(t, s, batch); walked > leadRows {
 		t.Errorf("the claim's walk read %d rows, want at most %d (the heads whose parked rows fill the batch)", walked, leadRows)
