@@ -496,7 +496,14 @@ func TestCommitFenceClaimsTheOldestKeysFirst(t *testing.T) {
 	}
 	outageTable(t, s, order)
 	oldest := fmt.Sprintf("k%03d", keys-1)
-	got := claim(t, s, "w", 100, time.Minute)
+	// The fence is database-wide: a transaction of another test running
+	// meanwhile holds the rows back (all of them: one insert) until it ends.
+	var got []storage.Record
+	for deadline := time.Now().Add(30 * time.Second); len(got) == 0 && time.Now().Before(deadline); {
+		if got = claim(t, s, "w", 100, time.Minute); len(got) == 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	if len(got) == 0 || got[0].Key != oldest {
 		t.Fatalf("the claim's first key is %v, want %s (its head is the oldest row)", keysOf(got), oldest)
 	}
