@@ -392,16 +392,9 @@ func TestClaimAfterAnOutageWalksOnlyTheLeadingHeads(t *testing.T) {
 // returns how many rows its walk, the CTE c, produced.
 func claimWalkRows(t *testing.T, s *Storage, batch int) int {
 	t.Helper()
-	ctx := t.Context()
-	tx, err := s.pool.Begin(ctx)
-	must(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck // test
-	_, err = tx.Exec(ctx, s.q.plan)
-	must(t, err)
-	var out []byte
-	must(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+s.q.claim, batch, "explain", time.Minute.Microseconds()).Scan(&out))
+	out := explainClaimAs(t, s, batch, "EXPLAIN (ANALYZE, FORMAT JSON) ")
 	var plans []struct{ Plan planNode }
-	must(t, json.Unmarshal(out, &plans))
+	must(t, json.Unmarshal([]byte(out), &plans))
 	var find func(n planNode) int
 	find = func(n planNode) int {
 		if n.SubplanName == "CTE c" {

@@ -813,6 +813,17 @@ func sortsBacklog(plan string, n int) bool {
 // transaction that is rolled back.
 func explainClaim(t testing.TB, s *Storage, batch int, analyze bool, settings ...string) string {
 	t.Helper()
+	explain := "EXPLAIN "
+	if analyze {
+		explain = "EXPLAIN (ANALYZE, BUFFERS) "
+	}
+	return explainClaimAs(t, s, batch, explain, settings...)
+}
+
+// explainClaimAs is explainClaim with the EXPLAIN command (and its options)
+// given.
+func explainClaimAs(t testing.TB, s *Storage, batch int, explain string, settings ...string) string {
+	t.Helper()
 	ctx := context.Background()
 	tx, err := s.pool.Begin(ctx)
 	must(t, err)
@@ -823,11 +834,7 @@ func explainClaim(t testing.TB, s *Storage, batch int, analyze bool, settings ..
 	}
 	_, err = tx.Exec(ctx, s.q.plan) // the claim's planner setting
 	must(t, err)
-	opts := "EXPLAIN "
-	if analyze {
-		opts = "EXPLAIN (ANALYZE, BUFFERS) "
-	}
-	rows, err := tx.Query(ctx, opts+s.q.claim, batch, "explain", time.Minute.Microseconds())
+	rows, err := tx.Query(ctx, explain+s.q.claim, batch, "explain", time.Minute.Microseconds())
 	must(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	must(t, err)
