@@ -179,13 +179,14 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// its attempts, which count claims whose lease ran out, go to the row.
 	fenced := func(ids string, returning string) string {
 		if strict {
-			// Strict claims lock no outbox row (the advisory lock keeps
-			// claimers apart), so the lease is deleted first and the outbox
-			// row updated after it: a claim that takes over an expired lease
-			// waits for the DELETE and then finds the lease gone. Both lock
-			// lease rows in id order (the DELETE through its plan, see
-			// writePlan; the takeover and Extend by their SQL), and no
-			// outbox row lock is held by a claim, so they cannot deadlock.
+			// Strict claims hand out rows without locking them (the
+			// advisory lock keeps claimers apart), so the lease is deleted
+			// first and the outbox row updated after it: a claim that takes
+			// over an expired lease waits for the DELETE and then finds the
+			// lease gone. Both lock lease rows in id order (the DELETE
+			// through its plan, see writePlan; the takeover and Extend by
+			// their SQL), and the only outbox rows a claim locks it parks,
+			// skipping those locked by others, so they cannot deadlock.
 			// Nack and release also take the advisory lock (writeBack); an
 			// ack and a dead-letter do not need it (a delivered or dead row
 			// holds nothing back).
@@ -327,7 +328,13 @@ i AS (
 		// leases meanwhile), and a row whose lease ran out is taken over by
 		// an UPDATE of that lease, which re-checks it: if its owner's
 		// write-back deleted it meanwhile, the UPDATE waits for it, finds
-		// nothing and the row is not handed out.
+		// nothing and the row is not handed out. The takeover locks the
+		// leases first, in id order (tk), and re-checks them then: a lease
+		// its owner extended meanwhile (with a clock read before the lease
+		// ran out, committed after this claim's snapshot) is not taken
+		// over, and neither are the rows of its key after it, nor leased
+		// (lost): the owner is still publishing that record, and the next
+		// row of its key went out beside it before a review found it.
 		//
 		// Key slots: every row has a slot (hash of its key, or its id when
 		// keyless; a generated column). The workers that claimed in the last
@@ -375,7 +382,13 @@ i AS (
 		// passed (up to the last walked row it hands out, or all of them when
 		// it did not fill the batch), parkChunk at most. (The CASE keeps the
 		// check a probe per row, as in the walk, rather than a join with
-		// every held row.)
+		// every held row.) It skips rows that another transaction has
+		// locked and never waits for one: the ack of a forwarder whose
+		// leases ran out locks its lease rows and outbox rows one after
+		// the other, and could wait for a lease this claim takes over (tk)
+		// while the claim waited for an outbox row it deletes (a review
+		// reproduced that deadlock). A held row left unparked stays out of
+		// the walk (the held probe), and a later claim parks it.
 		park := fmt.Sprintf(`park AS (
     UPDATE %[1]s parked SET hold = 'behind' WHERE parked.status = 'pending' AND parked.hold IS NULL AND parked.id = ANY(ARRAY(
         SELECT p.id FROM %[1]s p
@@ -385,7 +398,8 @@ i AS (
           AND %[4]s
           AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
         ORDER BY p.id
-        LIMIT %[3]d))),`, t, held("p", true), parkChunk, unleased("p"))
+        LIMIT %[3]d
+        FOR UPDATE OF p SKIP LOCKED))),`, t, held("p", true), parkChunk, unleased("p"))
 		// lw: the walk's first leadRows rows (the same walk as c, in id
 		// order, so they are the first rows of c), read only when something
 		// is held. Their first runKeys keys (lead) take followers: the rows
@@ -496,16 +510,22 @@ anyheld AS MATERIALIZED (SELECT %[4]s AS g),
 %[12]s
 %[11]s
 tk AS MATERIALIZED (
-    SELECT l.id FROM %[2]s l
+    SELECT l.id, l.key FROM %[2]s l
     WHERE l.id = ANY(ARRAY(SELECT cf.id FROM cf WHERE cf.expired)) AND l.leased_until <= (SELECT t FROM clk)
     ORDER BY l.id FOR UPDATE),
+lost AS MATERIALIZED (
+    SELECT cf.key, min(cf.id) AS id FROM cf
+    WHERE cf.expired AND cf.key <> '' AND cf.id NOT IN (SELECT tk.id FROM tk)
+    GROUP BY cf.key),
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
-    WHERE l.id = ANY(ARRAY(SELECT tk.id FROM tk)) AND l.leased_until <= (SELECT t FROM clk)
+    WHERE l.id = ANY(ARRAY(SELECT tk.id FROM tk WHERE NOT EXISTS (SELECT 1 FROM lost WHERE lost.key = tk.key AND lost.id < tk.id)))
+      AND l.leased_until <= (SELECT t FROM clk)
     RETURNING l.id, l.attempts),
 ins AS (
     INSERT INTO %[2]s (id, key, leased_by, leased_until, attempts)
-    SELECT cf.id, cf.key, $2, %[6]s, cf.attempts + 1 FROM cf WHERE NOT cf.expired
+    SELECT cf.id, cf.key, $2, %[6]s, cf.attempts + 1 FROM cf
+    WHERE NOT cf.expired AND NOT EXISTS (SELECT 1 FROM lost WHERE lost.key = cf.key AND lost.id < cf.id)
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT cf.id, cf.uuid, cf.topic, cf.key, cf.payload, cf.metadata, a.attempts, cf.created_at
@@ -644,11 +664,15 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id
 		// arithmetic, far above jit_above_cost, and compiling the claim with
 		// LLVM took 600 ms for a claim that runs in under one.
 		//
-		// Bitmap scans are allowed: the claim locks lease rows (a takeover)
-		// in an order its SQL states (tk), so the plan may read the lease
-		// table in heap order.
-		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
-		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
+		// Bitmap scans are off too: the claim's statements that lock rows
+		// without skipping them (the sweep of parked rows, for one) take
+		// them in id order through a plain index scan, the order of the
+		// write-backs (see writePlan); with bitmap scans they planned heap
+		// order here and there. (A review found the parking deadlocking
+		// with an ack that way, before the parking learned to skip locked
+		// rows.)
+		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
+		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// Write-backs read the lease table by id; with a plan cached while
 		// it was small they would scan it whole (see plan).

@@ -552,3 +552,126 @@ func TestClaimRefreshesItsWorkerRowOnlyWhenDue(t *testing.T) {
 		}
 	}
 }
+
+// blockedBy reports how many sessions wait for a lock that the session pid
+// holds.
+func blockedBy(t *testing.T, s *Storage, pid int32) int {
+	t.Helper()
+	var n int
+	must(t, s.pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", pid).Scan(&n))
+	return n
+}
+
+// TestParkingSkipsLockedRows: a claim never waits for an outbox row it would
+// park that another transaction holds; it leaves the row unparked. A review
+// found the claim deadlocking that way with a late ack of a forwarder whose
+// leases ran out: the ack had deleted lease p and waited for outbox row p
+// (here held by x), then needed lease a, which the claim had taken over,
+// while the claim waited for outbox row p to park it.
+func TestParkingSkipsLockedRows(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	ids := insert(t, s, rec("k1"), rec("k1"), rec("k2"))
+	e, p, a := ids[0], ids[1], ids[2]
+	// e waits for its retry, so p (behind it, its lease run out) is to be
+	// parked; a's lease ran out, so a is to be taken over.
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET hold = 'retry', due_at = now() + interval '1 hour', last_error = 'x' WHERE id = $1`, s.table), e)
+	must(t, err)
+	_, err = s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, key, leased_by, leased_until, attempts) VALUES ($1, 'k1', 'w', now() - interval '1 second', 1), ($2, 'k2', 'w', now() - interval '1 second', 1)`, s.leases), p, a)
+	must(t, err)
+	x, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer x.Rollback(ctx) //nolint:errcheck // rolled back below; a no-op then
+	_, err = x.Exec(ctx, "SELECT 1 FROM "+s.table+" WHERE id = $1 FOR UPDATE", p)
+	must(t, err)
+	var xpid int32
+	must(t, x.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&xpid))
+
+	type result struct {
+		recs []storage.Record
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		recs, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "y"})
+		done <- result{recs, err}
+	}()
+	var r result
+	waitFor(t, 30*time.Second, "the claim", func() bool {
+		select {
+		case r = <-done:
+			return true
+		default:
+		}
+		if blockedBy(t, s, xpid) > 0 {
+			t.Fatal("the claim waits for the outbox row it would park, which another transaction holds")
+		}
+		return false
+	})
+	must(t, r.err)
+	if got := idsOf(r.recs); !slices.Equal(got, []int64{a}) {
+		t.Errorf("claimed %v, want only %d (taken over; p is held behind e)", got, a)
+	}
+	if h := holdOf(t, s, p); h != "" {
+		t.Errorf("p's hold is %q: a row another transaction held was parked", h)
+	}
+	must(t, x.Rollback(ctx))
+	// A later claim parks it.
+	claim(t, s, "y", 10, time.Minute)
+	if h := holdOf(t, s, p); h != "behind" {
+		t.Errorf("p's hold is %q after the next claim, want behind", h)
+	}
+}
+
+// TestTakeoverLostToAnExtensionTakesNothingBehindIt: a claim whose snapshot
+// shows m's lease run out, while its owner extends it (the extension's clock
+// read before the lease ran out, its commit after the claim's snapshot),
+// takes over neither m nor m2, the next record of m's key: m's owner is still
+// publishing m. Before, the claim skipped m and handed out m2 beside it.
+func TestTakeoverLostToAnExtensionTakesNothingBehindIt(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	ids := insert(t, s, rec("K"), rec("K"), rec("other"))
+	m, other := ids[0], ids[2]
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, key, leased_by, leased_until, attempts) VALUES ($1, 'K', 'w', now() - interval '1 second', 1)`, s.leases), m)
+	must(t, err)
+	// What Extend writes when its clock was read just before the lease ran
+	// out; committed once the claim waits for it.
+	ext, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer ext.Rollback(ctx) //nolint:errcheck // committed below; a no-op then
+	_, err = ext.Exec(ctx, fmt.Sprintf(`UPDATE %s SET leased_until = now() + interval '1 hour' WHERE id = $1`, s.leases), m)
+	must(t, err)
+	var pid int32
+	must(t, ext.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	type result struct {
+		recs []storage.Record
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		recs, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "y"})
+		done <- result{recs, err}
+	}()
+	waitFor(t, 30*time.Second, "the claim to wait for the extension", func() bool {
+		select {
+		case r := <-done:
+			t.Fatalf("the claim did not wait for the extension of m: %v, %v", idsOf(r.recs), r.err)
+		default:
+		}
+		return blockedBy(t, s, pid) > 0
+	})
+	must(t, ext.Commit(ctx))
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the claim did not finish once the extension committed")
+	}
+	must(t, r.err)
+	if got := idsOf(r.recs); !slices.Equal(got, []int64{other}) {
+		t.Errorf("claimed %v while m (%d) is still leased by its owner, want only %d (another key)", got, m, other)
+	}
+}
