@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/txoutbox/txoutbox/storage"
 )
 
@@ -562,6 +564,31 @@ func blockedBy(t *testing.T, s *Storage, pid int32) int {
 	return n
 }
 
+// backendPID is the server process of tx's session.
+func backendPID(t *testing.T, tx pgx.Tx) int32 {
+	t.Helper()
+	var pid int32
+	must(t, tx.QueryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&pid))
+	return pid
+}
+
+// claimResult is what a Claim run by claimAsync returned.
+type claimResult struct {
+	recs []storage.Record
+	err  error
+}
+
+// claimAsync runs a claim of up to 10 records as worker "y" in the
+// background.
+func claimAsync(ctx context.Context, s *Storage) <-chan claimResult {
+	done := make(chan claimResult, 1)
+	go func() {
+		recs, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "y"})
+		done <- claimResult{recs, err}
+	}()
+	return done
+}
+
 // TestParkingSkipsLockedRows: a claim never waits for an outbox row it would
 // park that another transaction holds; it leaves the row unparked. A review
 // found the claim deadlocking that way with a late ack of a forwarder whose
@@ -585,19 +612,9 @@ func TestParkingSkipsLockedRows(t *testing.T) {
 	defer x.Rollback(ctx) //nolint:errcheck // rolled back below; a no-op then
 	_, err = x.Exec(ctx, "SELECT 1 FROM "+s.table+" WHERE id = $1 FOR UPDATE", p)
 	must(t, err)
-	var xpid int32
-	must(t, x.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&xpid))
-
-	type result struct {
-		recs []storage.Record
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		recs, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "y"})
-		done <- result{recs, err}
-	}()
-	var r result
+	xpid := backendPID(t, x)
+	done := claimAsync(ctx, s)
+	var r claimResult
 	waitFor(t, 30*time.Second, "the claim", func() bool {
 		select {
 		case r = <-done:
@@ -644,17 +661,8 @@ func TestTakeoverLostToAnExtensionTakesNothingBehindIt(t *testing.T) {
 	defer ext.Rollback(ctx) //nolint:errcheck // committed below; a no-op then
 	_, err = ext.Exec(ctx, fmt.Sprintf(`UPDATE %s SET leased_until = now() + interval '1 hour' WHERE id = $1`, s.leases), m)
 	must(t, err)
-	var pid int32
-	must(t, ext.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
-	type result struct {
-		recs []storage.Record
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		recs, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "y"})
-		done <- result{recs, err}
-	}()
+	pid := backendPID(t, ext)
+	done := claimAsync(ctx, s)
 	waitFor(t, 30*time.Second, "the claim to wait for the extension", func() bool {
 		select {
 		case r := <-done:
@@ -664,7 +672,7 @@ func TestTakeoverLostToAnExtensionTakesNothingBehindIt(t *testing.T) {
 		return blockedBy(t, s, pid) > 0
 	})
 	must(t, ext.Commit(ctx))
-	var r result
+	var r claimResult
 	select {
 	case r = <-done:
 	case <-time.After(30 * time.Second):

@@ -1202,8 +1202,7 @@ INSERT INTO %[1]s (id, key, leased_by, leased_until, attempts) SELECT id, key, l
 			blocker, err := lockOne(ids[n/2], false)
 			must(t, err)
 			defer blocker.Rollback(ctx) //nolint:errcheck // released below; a no-op then
-			var blockerPID int32
-			must(t, blocker.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&blockerPID))
+			blockerPID := backendPID(t, blocker)
 
 			s2, err := New(heapOrder, s.config)
 			must(t, err)
@@ -1215,9 +1214,7 @@ INSERT INTO %[1]s (id, key, leased_by, leased_until, attempts) SELECT id, key, l
 					t.Fatalf("the statement did not wait for the locked lease: %v", err)
 				default:
 				}
-				var waiting bool
-				must(t, s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))", blockerPID).Scan(&waiting))
-				return waiting
+				return blockedBy(t, s, blockerPID) > 0
 			})
 			var pgErr *pgconn.PgError
 			low, err := lockOne(ids[0], true)
