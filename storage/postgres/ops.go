@@ -185,8 +185,9 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 			// over an expired lease waits for the DELETE and then finds the
 			// lease gone. Both lock lease rows in id order (the DELETE
 			// through its plan, see writePlan; the takeover and Extend by
-			// their SQL), and the only outbox rows a claim locks it parks,
-			// skipping those locked by others, so they cannot deadlock.
+			// their SQL). Of the outbox rows, a claim locks those it parks
+			// or wakes, skipping rows others hold, and those its sweep sets
+			// free, in id order: they cannot deadlock.
 			// Nack and release also take the advisory lock (writeBack); an
 			// ack and a dead-letter do not need it (a delivered or dead row
 			// holds nothing back).
@@ -329,12 +330,12 @@ i AS (
 		// an UPDATE of that lease, which re-checks it: if its owner's
 		// write-back deleted it meanwhile, the UPDATE waits for it, finds
 		// nothing and the row is not handed out. The takeover locks the
-		// leases first, in id order (tk), and re-checks them then: a lease
-		// its owner extended meanwhile (with a clock read before the lease
-		// ran out, committed after this claim's snapshot) is not taken
-		// over, and neither are the rows of its key after it, nor leased
-		// (lost): the owner is still publishing that record, and the next
-		// row of its key went out beside it before a review found it.
+		// leases first, in id order (tk), and re-checks them then. A lease
+		// its owner extended meanwhile (its clock read before the lease ran
+		// out, its commit after this claim's snapshot) is not taken over,
+		// and the rows of its key after it are neither taken over nor
+		// leased (lost): the owner is still publishing that record. (Until
+		// a review found it, the next row of the key went out beside it.)
 		//
 		// Key slots: every row has a slot (hash of its key, or its id when
 		// keyless; a generated column). The workers that claimed in the last
@@ -664,13 +665,12 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id
 		// arithmetic, far above jit_above_cost, and compiling the claim with
 		// LLVM took 600 ms for a claim that runs in under one.
 		//
-		// Bitmap scans are off too: the claim's statements that lock rows
-		// without skipping them (the sweep of parked rows, for one) take
-		// them in id order through a plain index scan, the order of the
-		// write-backs (see writePlan); with bitmap scans they planned heap
-		// order here and there. (A review found the parking deadlocking
-		// with an ack that way, before the parking learned to skip locked
-		// rows.)
+		// Bitmap scans are off too: the sweep locks parked rows without
+		// skipping them, and a plain index scan takes them in id order, the
+		// order of an ack's unpark (see writePlan). (With bitmap scans
+		// allowed, a review saw the parking lock outbox rows in heap order
+		// and deadlock with an ack, before the parking learned to skip
+		// locked rows.)
 		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
 		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
