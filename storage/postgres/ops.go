@@ -486,10 +486,10 @@ cf AS MATERIALIZED (
 		claim = fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[13]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
-    SELECT $2, (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond') + interval '%[14]d microseconds'
+    SELECT $2, m.need + interval '%[14]d microseconds'
+    FROM (SELECT (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond') AS need) m
     WHERE NOT EXISTS (SELECT 1 FROM %[7]s WHERE worker_id = $2
-        AND seen_until BETWEEN (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond')
-            AND (SELECT t FROM clk) + GREATEST(interval '%[8]d microseconds', $3::bigint * interval '1 microsecond') + interval '%[14]d microseconds')
+        AND seen_until BETWEEN m.need AND m.need + interval '%[14]d microseconds')
     ON CONFLICT (worker_id) DO UPDATE SET seen_until = excluded.seen_until),
 gone AS (
     DELETE FROM %[7]s WHERE seen_until < (SELECT t FROM clk) - interval '%[8]d microseconds' AND worker_id <> $2),
