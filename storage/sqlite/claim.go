@@ -45,18 +45,23 @@ func (s *Storage) buildSQL() {
         WHERE f.status = 'pending' AND f."key" <> '' AND f.last_error IS NOT NULL
           AND f."key" = o."key" AND f.id < o.id))`, t)
 	}
+	claimable := fmt.Sprintf(`o.status = 'pending' AND o.due_at <= ?3
+      AND (o.leased_until IS NULL OR o.leased_until <= ?3)
+      AND o.created_at <= ?4%s`, strict)
+	// A read, outside any transaction: in WAL mode it takes no lock that a
+	// writer waits for, so a claim that finds nothing never holds up the
+	// application's writes.
+	s.probeSQL = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s AS o WHERE %s)`, t, claimable)
 	// One statement: SQLite takes the write lock when the statement starts
 	// (before it reads), so no other claimer can claim the same rows, and the
 	// busy timeout applies to that wait whatever the transaction's BEGIN mode.
 	s.claimSQL = fmt.Sprintf(`UPDATE %[1]s SET leased_by = ?1, leased_until = ?2, attempts = attempts + 1
 WHERE id IN (
     SELECT o.id FROM %[1]s AS o
-    WHERE o.status = 'pending' AND o.due_at <= ?3
-      AND (o.leased_until IS NULL OR o.leased_until <= ?3)
-      AND o.created_at <= ?4%[2]s
+    WHERE %[2]s
     ORDER BY o.id
     LIMIT ?5)
-RETURNING id, uuid, topic, "key", payload, metadata, attempts, created_at`, t, strict)
+RETURNING id, uuid, topic, "key", payload, metadata, attempts, created_at`, t, claimable)
 
 	// Write-backs are fenced on leased_by; ids come as one JSON array so any
 	// number fits in one statement.
@@ -86,8 +91,22 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 	case params.WorkerID == "":
 		return nil, errors.New("claim outbox records: WorkerID must not be empty")
 	}
+	// Look before taking the write lock. SQLite's lock is not fair: writers
+	// that take it in turn (claims polling an empty outbox) starve a writer
+	// that waits in the busy handler, such as the application inserting the
+	// records the claims poll for.
+	now := s.now()
+	var found bool
+	err := s.db.QueryRowContext(ctx, s.probeSQL,
+		params.WorkerID, nanos(now.Add(params.Lease)), nanos(now), nanos(now.Add(-s.visibilityDelay))).Scan(&found)
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox records from %q: look for claimable records: %w", s.table, err)
+	}
+	if !found {
+		return nil, nil
+	}
 	var records []storage.Record
-	err := s.write(ctx, func(ctx context.Context) error {
+	err = s.write(ctx, func(ctx context.Context) error {
 		now := s.now()
 		tx, err := s.db.BeginTx(ctx, nil)
 		if err != nil {

@@ -509,6 +509,33 @@ func TestClaimValidatesParams(t *testing.T) {
 	}
 }
 
+// A claim that finds nothing to claim does not wait for the write lock: an
+// idle relay's polls never hold up the application's writers, which SQLite's
+// unfair lock would otherwise starve.
+func TestEmptyClaimTakesNoWriteLock(t *testing.T) {
+	t.Parallel()
+	s := newTestStorage(t, Config{})
+	insert(t, s, rec("t", ""))
+	if r := claim(t, s, 1, time.Minute, "w"); len(r) != 1 {
+		t.Fatalf("first claim: %d records, want 1", len(r))
+	}
+	// Another connection holds the write lock; the only record is leased.
+	tx, err := s.db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 1, Lease: time.Second, WorkerID: "w2"})
+	if err != nil {
+		t.Fatalf("claim with nothing claimable waited for the write lock: %v", err)
+	}
+	if len(r) != 0 {
+		t.Fatalf("claim handed out %d records while the only one is leased", len(r))
+	}
+}
+
 func TestClaimHonoursContext(t *testing.T) {
 	t.Parallel()
 	s := newTestStorage(t, Config{})

@@ -92,6 +92,7 @@ type Storage struct {
 	// sleeps of up to 100 ms.
 	writeSem chan struct{}
 
+	probeSQL  string
 	claimSQL  string
 	ackSQL    string
 	nackSQL   string

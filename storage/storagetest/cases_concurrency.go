@@ -277,8 +277,18 @@ func testOrderPerKeyWhileProducing(t *testing.T, e *env) {
 		all []int64
 		wg  sync.WaitGroup
 	)
+	// A drain that fails ends the test at once: stop producing, and let the
+	// insert under way finish before the storage is closed.
+	stop := make(chan struct{})
+	defer wg.Wait()
+	defer close(stop)
 	wg.Go(func() {
 		for c := range chunks {
+			select {
+			case <-stop:
+				return
+			default:
+			}
 			keys := make([]string, per)
 			for i := range keys {
 				if i%8 != 7 {
