@@ -99,10 +99,13 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 	var found bool
 	err := s.db.QueryRowContext(ctx, s.probeSQL,
 		params.WorkerID, nanos(now.Add(params.Lease)), nanos(now), nanos(now.Add(-s.visibilityDelay))).Scan(&found)
-	if err != nil {
+	switch {
+	case isBusy(err):
+		// Only a database outside WAL mode, or in recovery, blocks a read:
+		// claim as before, waiting for the lock.
+	case err != nil:
 		return nil, fmt.Errorf("claim outbox records from %q: look for claimable records: %w", s.table, err)
-	}
-	if !found {
+	case !found:
 		return nil, nil
 	}
 	var records []storage.Record

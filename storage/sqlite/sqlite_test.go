@@ -536,6 +536,48 @@ func TestEmptyClaimTakesNoWriteLock(t *testing.T) {
 	}
 }
 
+// Outside WAL mode a read waits for a writer too. A claim whose look for
+// claimable records is refused (no busy timeout here) claims as it did
+// before the look: it waits for the lock, retrying, until its context ends.
+func TestClaimWaitsWhenItsLookIsRefused(t *testing.T) {
+	t.Parallel()
+	db, err := sql.Open(DriverName, "file:"+filepath.Join(t.TempDir(), "rollback.db")+"?_pragma=journal_mode(DELETE)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	s, err := New(db, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.CreateSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	insert(t, s, rec("t", ""))
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	if _, err := conn.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = conn.ExecContext(ctx, "COMMIT")
+	}()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	r, err := s.Claim(cctx, storage.ClaimParams{BatchSize: 1, Lease: time.Minute, WorkerID: "w"})
+	if err != nil {
+		t.Fatalf("claim while another connection held the lock: %v", err)
+	}
+	if len(r) != 1 {
+		t.Fatalf("claim returned %d records, want 1", len(r))
+	}
+}
+
 func TestClaimHonoursContext(t *testing.T) {
 	t.Parallel()
 	s := newTestStorage(t, Config{})
