@@ -29,7 +29,11 @@
 // UPDATE ... RETURNING statement: SQLite takes the write lock before it reads
 // anything, so two claimers, in one process or in several, never see the same
 // claimable record. Waiting for the lock is bounded by the busy timeout that
-// [Open] sets. Write-backs (Ack, Nack, Release, DeadLetter) are single
+// [Open] sets. Before it, a claim looks for a claimable record with a plain
+// read, which in WAL mode waits for no writer: a poll that finds nothing
+// never takes the write lock, so an idle relay does not hold up the
+// application's writes (SQLite's lock is not fair, and writers taking it in
+// turn can starve one waiting in the busy handler). Write-backs (Ack, Nack, Release, DeadLetter) are single
 // statements fenced on leased_by: a worker whose lease was taken over changes
 // nothing.
 //
