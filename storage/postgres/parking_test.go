@@ -235,9 +235,9 @@ func claimAfterExpiry(t *testing.T, s *Storage, n int) []int64 {
 
 // TestLateAckRacingAClaimStrandsNothing: the owner of rows whose lease ran
 // out still acks them (an ack is fenced on the owner only, and takes no
-// advisory lock) while a claim runs. The claim must not park a new row of
-// the key behind them: the ack, which looked before the claim committed,
-// would not set it free, and nothing else would until the sweep.
+// lock) while a claim runs. The claim must not park a new row of the key
+// behind them: the ack, which looked before the claim committed, would not
+// set it free, and nothing else would until the sweep.
 func TestLateAckRacingAClaimStrandsNothing(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -256,10 +256,9 @@ func TestLateAckRacingAClaimStrandsNothing(t *testing.T) {
 		_, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "w"})
 		done <- err
 	}()
-	// The claim skips the leases the ack holds (it does not wait for them)
-	// and finishes before the ack commits.
-	must(t, <-done)
+	awaitLockWait(t, s) // the claim's takeover waits for the ack's leases
 	must(t, tx.Commit(ctx))
+	must(t, <-done)
 	if got := idsOf(claim(t, s, "w", 10, time.Minute)); !slices.Equal(got, []int64{late}) {
 		t.Fatalf("claimed %v after the ack of %v, want %d (hold %q)", got, ids, late, holdOf(t, s, late))
 	}
@@ -642,59 +641,11 @@ func TestParkingSkipsLockedRows(t *testing.T) {
 	}
 }
 
-// TestSweepSkipsLockedRows: a claim's sweep (which sets free a parked row
-// that nothing before it holds back) never waits for a row another
-// transaction holds, such as an ack deleting a follower that is parked while
-// in flight; it leaves the row parked, and a later sweep sets it free.
-func TestSweepSkipsLockedRows(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	s := newStore(t, Config{})
-	ids := insert(t, s, rec("k1"), rec("k2"))
-	p, q := ids[0], ids[1]
-	// Parked with nothing before them: what the sweep is for.
-	_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET hold = 'behind' WHERE id = ANY($1)`, s.table), ids)
-	must(t, err)
-	x, err := s.pool.Begin(ctx)
-	must(t, err)
-	defer x.Rollback(ctx) //nolint:errcheck // rolled back below; a no-op then
-	_, err = x.Exec(ctx, "SELECT 1 FROM "+s.table+" WHERE id = $1 FOR UPDATE", p)
-	must(t, err)
-	xpid := backendPID(t, x)
-	s.nextSweep.Store(0)
-	done := claimAsync(ctx, s)
-	var r claimResult
-	waitFor(t, 30*time.Second, "the claim", func() bool {
-		select {
-		case r = <-done:
-			return true
-		default:
-		}
-		if blockedBy(t, s, xpid) > 0 {
-			t.Fatal("the sweep waits for a parked row another transaction holds")
-		}
-		return false
-	})
-	must(t, r.err)
-	if got := idsOf(r.recs); !slices.Equal(got, []int64{q}) {
-		t.Errorf("claimed %v, want only %d (set free by the sweep; %d is held elsewhere)", got, q, p)
-	}
-	if h := holdOf(t, s, p); h != "behind" {
-		t.Errorf("p's hold is %q: the sweep changed a row another transaction held", h)
-	}
-	must(t, x.Rollback(ctx))
-	s.nextSweep.Store(0)
-	if got := idsOf(claim(t, s, "y", 10, time.Minute)); !slices.Equal(got, []int64{p}) {
-		t.Errorf("the next sweep's claim took %v, want %d", got, p)
-	}
-}
-
 // TestTakeoverLostToAnExtensionTakesNothingBehindIt: a claim whose snapshot
 // shows m's lease run out, while its owner extends it (the extension's clock
-// read before the lease ran out, its commit not yet made or after the
-// claim's snapshot), takes over neither m nor m2, the next record of m's
-// key: m's owner is still publishing m. Before, the claim skipped m and
-// handed out m2 beside it. The claim does not wait for the extension.
+// read before the lease ran out, its commit after the claim's snapshot),
+// takes over neither m nor m2, the next record of m's key: m's owner is still
+// publishing m. Before, the claim skipped m and handed out m2 beside it.
 func TestTakeoverLostToAnExtensionTakesNothingBehindIt(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -704,7 +655,7 @@ func TestTakeoverLostToAnExtensionTakesNothingBehindIt(t *testing.T) {
 	_, err := s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, key, leased_by, leased_until, attempts) VALUES ($1, 'K', 'w', now() - interval '1 second', 1)`, s.leases), m)
 	must(t, err)
 	// What Extend writes when its clock was read just before the lease ran
-	// out, not yet committed.
+	// out; committed once the claim waits for it.
 	ext, err := s.pool.Begin(ctx)
 	must(t, err)
 	defer ext.Rollback(ctx) //nolint:errcheck // committed below; a no-op then
@@ -712,19 +663,21 @@ func TestTakeoverLostToAnExtensionTakesNothingBehindIt(t *testing.T) {
 	must(t, err)
 	pid := backendPID(t, ext)
 	done := claimAsync(ctx, s)
-	var r claimResult
-	waitFor(t, 30*time.Second, "the claim", func() bool {
+	waitFor(t, 30*time.Second, "the claim to wait for the extension", func() bool {
 		select {
-		case r = <-done:
-			return true
+		case r := <-done:
+			t.Fatalf("the claim did not wait for the extension of m: %v, %v", idsOf(r.recs), r.err)
 		default:
 		}
-		if blockedBy(t, s, pid) > 0 {
-			t.Fatal("the claim waits for the extension of m")
-		}
-		return false
+		return blockedBy(t, s, pid) > 0
 	})
 	must(t, ext.Commit(ctx))
+	var r claimResult
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the claim did not finish once the extension committed")
+	}
 	must(t, r.err)
 	if got := idsOf(r.recs); !slices.Equal(got, []int64{other}) {
 		t.Errorf("claimed %v while m (%d) is still leased by its owner, want only %d (another key)", got, m, other)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -1072,28 +1073,86 @@ func TestSlotsShareKeysAmongWorkers(t *testing.T) {
 	}
 }
 
-// TestTakeoverAndExtendSkipLeasesHeldElsewhere: a claim's takeover of
-// expired leases and Extend never wait for a lease another transaction
-// holds (its owner's write-back or extension, a claim taking it over): they
-// skip it and take the others. A write-back is then the only statement that
-// waits for a lease, and whatever it waits for finishes without waiting, so
-// no order of locking can deadlock. The takeover leaves the rest of the
-// skipped lease's key alone: its owner may still be publishing it.
-func TestTakeoverAndExtendSkipLeasesHeldElsewhere(t *testing.T) {
+// TestLeasesLockedInIDOrder: the write-backs lock lease rows through a plain
+// index scan of the lease table's primary key, which takes them in id
+// order, never through a bitmap scan (heap order): two statements locking
+// several rows in different orders could deadlock. (A claim's takeover and
+// Extend lock them in id order by their SQL: TestTakeoverAndExtendLockInIDOrder.)
+func TestLeasesLockedInIDOrder(t *testing.T) {
 	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	var in []storage.Record
+	for i := range 3000 {
+		in = append(in, rec(fmt.Sprintf("k%d", i%300)))
+	}
+	ids := insert(t, s, in...)
+	// Statistics taken while the lease table was empty, as after a quiet
+	// spell: the planner then likes bitmap scans for id = ANY(...).
+	_, err := s.pool.Exec(ctx, "ANALYZE "+s.leases)
+	must(t, err)
+	claim(t, s, "w", 3000, time.Minute)
+	for _, tc := range []struct {
+		name, settings, sql string
+		args                []any
+	}{
+		{"ack", s.q.writePlan, s.q.ack, []any{ids[:1000], "w"}},
+		{"release", s.q.writePlan, s.q.release, []any{ids[:1000], "w", time.Now()}},
+	} {
+		tx, err := s.pool.Begin(ctx)
+		must(t, err)
+		_, err = tx.Exec(ctx, tc.settings)
+		must(t, err)
+		rows, err := tx.Query(ctx, "EXPLAIN "+tc.sql, tc.args...)
+		must(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		must(t, err)
+		must(t, tx.Rollback(ctx))
+		plan := strings.Join(lines, "\n")
+		if strings.Contains(plan, "Bitmap Heap Scan on outbox_leases") || !strings.Contains(plan, "Index Scan using outbox_leases_pkey") {
+			t.Errorf("%s does not read the lease table in id order:\n%s", tc.name, plan)
+		}
+	}
+}
+
+// TestTakeoverAndExtendLockInIDOrder: a claim's takeover of expired leases
+// and Extend lock the lease rows they touch in id order, whatever scan reads
+// them: with an ack, which locks them in id order too, in a different order
+// they could deadlock. The lease rows are written in descending id order, so
+// that the heap order is the reverse of the id order, and the statements
+// run on sessions that cannot use a plain index scan (a bitmap or
+// sequential scan hands rows out in heap order). While another transaction
+// holds the lock of the middle lease, the statement waits for it holding
+// the leases below it and none above.
+func TestTakeoverAndExtendLockInIDOrder(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(testDatabaseURL())
+	must(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cfg.ConnConfig.RuntimeParams["enable_indexscan"] = "off"
+	cfg.ConnConfig.RuntimeParams["enable_indexonlyscan"] = "off"
+	heapOrder, err := pgxpoolWithConfig(t, cfg)
+	must(t, err)
 	const n = 21
 	for _, tc := range []struct {
 		name string
 		// expire: the leases have run out before the statement runs
 		expire bool
-		run    func(ctx context.Context, s *Storage, ids []int64) ([]int64, error)
+		run    func(ctx context.Context, s *Storage, ids []int64) error
 	}{
-		{"takeover", true, func(ctx context.Context, s *Storage, _ []int64) ([]int64, error) {
-			got, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 100, Lease: time.Minute, WorkerID: "x"})
-			return idsOf(got), err
+		{"takeover", true, func(ctx context.Context, s *Storage, _ []int64) error {
+			got, err := s.Claim(ctx, storage.ClaimParams{BatchSize: n, Lease: time.Minute, WorkerID: "x"})
+			if err == nil && len(got) != n {
+				err = fmt.Errorf("the takeover claimed %d records, want %d", len(got), n)
+			}
+			return err
 		}},
-		{"extend", false, func(ctx context.Context, s *Storage, ids []int64) ([]int64, error) {
-			return s.Extend(ctx, storage.ExtendParams{IDs: ids[:n], WorkerID: "w", Lease: time.Hour})
+		{"extend", false, func(ctx context.Context, s *Storage, ids []int64) error {
+			got, err := s.Extend(ctx, storage.ExtendParams{IDs: ids, WorkerID: "w", Lease: time.Hour})
+			if err == nil && len(got) != n {
+				err = fmt.Errorf("extended %d leases, want %d", len(got), n)
+			}
+			return err
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1104,55 +1163,80 @@ func TestTakeoverAndExtendSkipLeasesHeldElsewhere(t *testing.T) {
 			for i := range n {
 				in = append(in, rec(fmt.Sprintf("k%d", i)))
 			}
-			// The next record of the middle lease's key, not claimed yet.
-			in = append(in, rec(fmt.Sprintf("k%d", n/2)))
 			ids := insert(t, s, in...)
 			claim(t, s, "w", n, time.Minute)
+			until := "leased_until"
 			if tc.expire {
-				_, err := s.pool.Exec(ctx, "UPDATE "+s.leases+" SET leased_until = now() - interval '1 second'")
-				must(t, err)
+				until = "now() - interval '1 second'"
 			}
-			held := ids[n/2]
-			blocker, err := s.pool.Begin(ctx)
+			_, err := s.pool.Exec(ctx, fmt.Sprintf(`WITH d AS (DELETE FROM %[1]s RETURNING *)
+INSERT INTO %[1]s (id, key, leased_by, leased_until, attempts) SELECT id, key, leased_by, %[2]s, attempts FROM d ORDER BY id DESC`, s.leases, until))
 			must(t, err)
-			defer blocker.Rollback(ctx) //nolint:errcheck // rolled back below; a no-op then
-			_, err = blocker.Exec(ctx, "SELECT id FROM "+s.leases+" WHERE id = $1 FOR UPDATE", held)
+			// The setup holds: a bitmap scan reads the leases highest id first.
+			tx, err := heapOrder.Begin(ctx)
 			must(t, err)
-			pid := backendPID(t, blocker)
+			_, err = tx.Exec(ctx, "SET LOCAL enable_seqscan = off")
+			must(t, err)
+			rows, err := tx.Query(ctx, "SELECT id FROM "+s.leases+" WHERE id = ANY($1)", ids)
+			must(t, err)
+			order, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			must(t, err)
+			must(t, tx.Rollback(ctx))
+			if len(order) != n || order[0] != ids[n-1] {
+				t.Fatalf("a bitmap scan read the leases in the order %v; the test needs the highest id first", order)
+			}
 
-			type result struct {
-				ids []int64
-				err error
+			lockOne := func(id int64, nowait bool) (pgx.Tx, error) {
+				tx, err := s.pool.Begin(ctx)
+				must(t, err)
+				q := "SELECT id FROM " + s.leases + " WHERE id = $1 FOR UPDATE"
+				if nowait {
+					q += " NOWAIT"
+				}
+				if _, err := tx.Exec(ctx, q, id); err != nil {
+					_ = tx.Rollback(ctx)
+					return nil, err
+				}
+				return tx, nil
 			}
-			done := make(chan result, 1)
-			go func() {
-				got, err := tc.run(ctx, s, ids)
-				done <- result{got, err}
-			}()
-			var r result
-			waitFor(t, 30*time.Second, "the statement", func() bool {
+			blocker, err := lockOne(ids[n/2], false)
+			must(t, err)
+			defer blocker.Rollback(ctx) //nolint:errcheck // released below; a no-op then
+			blockerPID := backendPID(t, blocker)
+
+			s2, err := New(heapOrder, s.config)
+			must(t, err)
+			done := make(chan error, 1)
+			go func() { done <- tc.run(ctx, s2, ids) }()
+			waitFor(t, 30*time.Second, "the statement to wait for the locked lease", func() bool {
 				select {
-				case r = <-done:
-					return true
+				case err := <-done:
+					t.Fatalf("the statement did not wait for the locked lease: %v", err)
 				default:
 				}
-				if blockedBy(t, s, pid) > 0 {
-					t.Fatal("the statement waits for a lease another transaction holds")
-				}
-				return false
+				return blockedBy(t, s, blockerPID) > 0
 			})
-			must(t, r.err)
-			var want []int64
-			for _, id := range ids[:n] {
-				if id != held {
-					want = append(want, id)
-				}
+			var pgErr *pgconn.PgError
+			low, err := lockOne(ids[0], true)
+			if err == nil {
+				_ = low.Rollback(ctx)
+				t.Errorf("the lowest lease was free while the statement waited for the middle one: it locks in another order than id order")
+			} else if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+				t.Fatalf("lock the lowest lease: %v", err)
 			}
-			got := slices.Sorted(slices.Values(r.ids))
-			if !slices.Equal(got, want) {
-				t.Errorf("got %v, want every lease but the one held elsewhere (%d): %v", got, held, want)
+			high, err := lockOne(ids[n-1], true)
+			if err != nil {
+				t.Errorf("the highest lease was locked while the statement waited for the middle one (%v): it locks in another order than id order", err)
+			} else {
+				must(t, high.Rollback(ctx))
 			}
 			must(t, blocker.Rollback(ctx))
+			select {
+			case err := <-done:
+				must(t, err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("the statement did not finish once the lease was free")
+			}
 		})
 	}
 }
