@@ -185,9 +185,9 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 			// over an expired lease waits for the DELETE and then finds the
 			// lease gone. Both lock lease rows in id order (the DELETE
 			// through its plan, see writePlan; the takeover and Extend by
-			// their SQL). Of the outbox rows, a claim locks those it parks
-			// or wakes, skipping rows others hold, and those its sweep sets
-			// free, in id order: they cannot deadlock.
+			// their SQL). Of the outbox rows, a claim locks only those it
+			// parks, wakes or sweeps, skipping rows others hold: it never
+			// waits for one.
 			// Nack and release also take the advisory lock (writeBack); an
 			// ack and a dead-letter do not need it (a delivered or dead row
 			// holds nothing back).
@@ -336,6 +336,12 @@ i AS (
 		// and the rows of its key after it are neither taken over nor
 		// leased (lost): the owner is still publishing that record. (Until
 		// a review found it, the next row of the key went out beside it.)
+		// The takeover waits for a lease another transaction holds; it does
+		// not skip it. Skipping let a claim take over a former owner's other
+		// leases while that owner's late ack was halfway through them; the
+		// new owner's ack then waited to unpark a row the late ack held,
+		// while the late ack waited for a lease the new ack held (a review
+		// reproduced the deadlock).
 		//
 		// Key slots: every row has a slot (hash of its key, or its id when
 		// keyless; a generated column). The workers that claimed in the last
@@ -629,7 +635,9 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'retry' AND id 
 		// rows whose head a process of an earlier schema version delivered
 		// (it knows no parking). It reads the first held row of each key (a
 		// walk over held_idx key by key: one probe a held key, not one a held
-		// row).
+		// row). It skips the rows another transaction holds (an ack deleting
+		// a follower, parked while in flight) and never waits for one: a
+		// later sweep sets free what is still parked then.
 		sweep: fmt.Sprintf(`WITH RECURSIVE k AS (
     (SELECT h.key, h.id, h.hold FROM %[1]s h WHERE h.status = 'pending' AND h.hold IS NOT NULL ORDER BY h.key, h.id LIMIT 1)
     UNION ALL
@@ -637,9 +645,11 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'retry' AND id 
         SELECT h.key, h.id, h.hold FROM %[1]s h WHERE h.status = 'pending' AND h.hold IS NOT NULL AND h.key > k.key
         ORDER BY h.key, h.id LIMIT 1) n)
 UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id = ANY(ARRAY(
-    SELECT k.id FROM k
-    WHERE k.hold = 'behind' AND k.key <> ''
-      AND NOT EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.key <> '' AND e.key = k.key AND (e.key, e.id) < (k.key, k.id))%[2]s))`, t, sweepDead),
+    SELECT o.id FROM %[1]s o WHERE o.status = 'pending' AND o.hold = 'behind' AND o.id = ANY(ARRAY(
+        SELECT k.id FROM k
+        WHERE k.hold = 'behind' AND k.key <> ''
+          AND NOT EXISTS (SELECT 1 FROM %[1]s e WHERE e.status = 'pending' AND e.key <> '' AND e.key = k.key AND (e.key, e.id) < (k.key, k.id))%[2]s))
+    FOR UPDATE SKIP LOCKED))`, t, sweepDead),
 
 		// The claim must walk the pending index in id order and stop after
 		// the batch. With statistics from when the table held few pending
@@ -665,14 +675,12 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id
 		// arithmetic, far above jit_above_cost, and compiling the claim with
 		// LLVM took 600 ms for a claim that runs in under one.
 		//
-		// Bitmap scans are off too: the sweep locks parked rows without
-		// skipping them, and a plain index scan takes them in id order, the
-		// order of an ack's unpark (see writePlan). (With bitmap scans
-		// allowed, a review saw the parking lock outbox rows in heap order
-		// and deadlock with an ack, before the parking learned to skip
-		// locked rows.)
-		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
-		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
+		// Bitmap scans are allowed: the claim's row locks do not depend on
+		// the scan. Its takeover locks leases in id order by its SQL (tk),
+		// and its parking, its sweep and its wake skip the rows another
+		// transaction holds.
+		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
+		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// Write-backs read the lease table by id; with a plan cached while
 		// it was small they would scan it whole (see plan).
@@ -702,7 +710,10 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id
 		// with a sequential scan for 1000 ids, in heap order, which after a
 		// takeover or an extension is not id order, and an extension
 		// racing its own forwarder's ack of the same records could
-		// deadlock.
+		// deadlock. It waits rather than skipping a lease held elsewhere: a
+		// former owner's late write-back keeps the lock of a lease it no
+		// longer matches until it commits, and a lease skipped would read
+		// as lost to the forwarder that holds it.
 		extend: fmt.Sprintf(`WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t),
 k AS MATERIALIZED (
     SELECT x.id FROM %[1]s x WHERE x.id = ANY($1) AND x.leased_by = $2 AND x.leased_until > (SELECT t FROM n)

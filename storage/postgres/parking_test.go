@@ -641,6 +641,53 @@ func TestParkingSkipsLockedRows(t *testing.T) {
 	}
 }
 
+// TestSweepSkipsLockedRows: a claim's sweep (which sets free a parked row
+// that nothing before it holds back) never waits for a row another
+// transaction holds, such as an ack deleting a follower that is parked while
+// in flight; it leaves the row parked, and a later sweep sets it free.
+func TestSweepSkipsLockedRows(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	ids := insert(t, s, rec("k1"), rec("k2"))
+	p, q := ids[0], ids[1]
+	// Parked with nothing before them: what the sweep is for.
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET hold = 'behind' WHERE id = ANY($1)`, s.table), ids)
+	must(t, err)
+	x, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer x.Rollback(ctx) //nolint:errcheck // rolled back below; a no-op then
+	_, err = x.Exec(ctx, "SELECT 1 FROM "+s.table+" WHERE id = $1 FOR UPDATE", p)
+	must(t, err)
+	xpid := backendPID(t, x)
+	s.nextSweep.Store(0)
+	done := claimAsync(ctx, s)
+	var r claimResult
+	waitFor(t, 30*time.Second, "the claim", func() bool {
+		select {
+		case r = <-done:
+			return true
+		default:
+		}
+		if blockedBy(t, s, xpid) > 0 {
+			t.Fatal("the sweep waits for a parked row another transaction holds")
+		}
+		return false
+	})
+	must(t, r.err)
+	if got := idsOf(r.recs); !slices.Equal(got, []int64{q}) {
+		t.Errorf("claimed %v, want only %d (set free by the sweep; %d is held elsewhere)", got, q, p)
+	}
+	if h := holdOf(t, s, p); h != "behind" {
+		t.Errorf("p's hold is %q: the sweep changed a row another transaction held", h)
+	}
+	must(t, x.Rollback(ctx))
+	s.nextSweep.Store(0)
+	if got := idsOf(claim(t, s, "y", 10, time.Minute)); !slices.Equal(got, []int64{p}) {
+		t.Errorf("the next sweep's claim took %v, want %d", got, p)
+	}
+}
+
 // TestTakeoverLostToAnExtensionTakesNothingBehindIt: a claim whose snapshot
 // shows m's lease run out, while its owner extends it (the extension's clock
 // read before the lease ran out, its commit after the claim's snapshot),
