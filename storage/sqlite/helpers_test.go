@@ -19,7 +19,9 @@ import (
 // contract run many writers on one file beside the rest of the suite, and on
 // a loaded CI machine a producer's BEGIN once waited out Open's 5 s for the
 // write lock (SQLITE_BUSY in OrderPerKeyWhileProducing). The cases check
-// order and exactly-once, not how long a writer waits.
+// order and exactly-once, not how long a writer waits. (The wait itself came
+// from claims polling an empty outbox under the write lock, which they no
+// longer take: TestEmptyClaimTakesNoWriteLock.)
 func openTestDB(t testing.TB) (*sql.DB, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "outbox.db")
