@@ -744,11 +744,15 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 		b.Queue(s.q.planLock, s.table)
 	}
 	b.Queue(s.q.wake)
+	b.Queue(s.q.claim, args...)
+	// The sweep comes after the claim, so that it holds no row while the
+	// claim's takeover waits for a lease: a late ack holding that lease
+	// could need a row the sweep locked (a review reproduced the deadlock).
+	// The rows it sets free go out with the next claim.
 	sweep := s.sweepDue()
 	if sweep {
 		b.Queue(s.q.sweep)
 	}
-	b.Queue(s.q.claim, args...)
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close() //nolint:errcheck // the results are read and checked below; Close would repeat their error
 	if sweep {
@@ -765,11 +769,6 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: wake the rows due for a retry: %w", s.table, err)
 	}
-	if sweep {
-		if _, err := br.Exec(); err != nil {
-			return nil, fmt.Errorf("claim outbox rows from %s: set free parked rows nothing holds: %w", s.table, err)
-		}
-	}
 	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
@@ -777,6 +776,11 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 	recs, err := scanClaimed(rows, s.table, p.BatchSize)
 	if err != nil {
 		return nil, err
+	}
+	if sweep {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("claim outbox rows from %s: set free parked rows nothing holds: %w", s.table, err)
+		}
 	}
 	// The batch is one implicit transaction, committed at its end: a failed
 	// commit means the leases were not taken, so the records must not be
