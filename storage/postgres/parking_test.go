@@ -589,6 +589,28 @@ func claimAsync(ctx context.Context, s *Storage) <-chan claimResult {
 	return done
 }
 
+// claimNotWaitingFor runs a claim (claimAsync) and returns what it
+// returned, failing the test with why if it waits for a lock held by the
+// session pid.
+func claimNotWaitingFor(t *testing.T, s *Storage, pid int32, why string) claimResult {
+	t.Helper()
+	done := claimAsync(t.Context(), s)
+	var r claimResult
+	waitFor(t, 30*time.Second, "the claim", func() bool {
+		select {
+		case r = <-done:
+			return true
+		default:
+		}
+		if blockedBy(t, s, pid) > 0 {
+			t.Fatal(why)
+		}
+		return false
+	})
+	must(t, r.err)
+	return r
+}
+
 // TestParkingSkipsLockedRows: a claim never waits for an outbox row it would
 // park that another transaction holds; it leaves the row unparked. A review
 // found the claim deadlocking that way with a late ack of a forwarder whose
@@ -613,20 +635,7 @@ func TestParkingSkipsLockedRows(t *testing.T) {
 	_, err = x.Exec(ctx, "SELECT 1 FROM "+s.table+" WHERE id = $1 FOR UPDATE", p)
 	must(t, err)
 	xpid := backendPID(t, x)
-	done := claimAsync(ctx, s)
-	var r claimResult
-	waitFor(t, 30*time.Second, "the claim", func() bool {
-		select {
-		case r = <-done:
-			return true
-		default:
-		}
-		if blockedBy(t, s, xpid) > 0 {
-			t.Fatal("the claim waits for the outbox row it would park, which another transaction holds")
-		}
-		return false
-	})
-	must(t, r.err)
+	r := claimNotWaitingFor(t, s, xpid, "the claim waits for the outbox row it would park, which another transaction holds")
 	if got := idsOf(r.recs); !slices.Equal(got, []int64{a}) {
 		t.Errorf("claimed %v, want only %d (taken over; p is held behind e)", got, a)
 	}
@@ -663,20 +672,7 @@ func TestSweepSkipsLockedRows(t *testing.T) {
 	must(t, err)
 	xpid := backendPID(t, x)
 	s.nextSweep.Store(0)
-	done := claimAsync(ctx, s)
-	var r claimResult
-	waitFor(t, 30*time.Second, "the claim", func() bool {
-		select {
-		case r = <-done:
-			return true
-		default:
-		}
-		if blockedBy(t, s, xpid) > 0 {
-			t.Fatal("the sweep waits for a parked row another transaction holds")
-		}
-		return false
-	})
-	must(t, r.err)
+	r := claimNotWaitingFor(t, s, xpid, "the sweep waits for a parked row another transaction holds")
 	if len(r.recs) != 0 {
 		t.Errorf("claimed %v while both rows were parked", idsOf(r.recs))
 	}
