@@ -327,15 +327,15 @@ i AS (
 		// committed before them, so the candidates need no row lock: a row
 		// with no lease row gets one by a plain INSERT (nothing else inserts
 		// leases meanwhile), and a row whose lease ran out is taken over by
-		// an UPDATE of that lease, which re-checks it: if its owner's
-		// write-back deleted it meanwhile, the UPDATE waits for it, finds
-		// nothing and the row is not handed out. The takeover locks the
-		// leases first, in id order (tk), and re-checks them then. A lease
-		// its owner extended meanwhile (its clock read before the lease ran
-		// out, its commit after this claim's snapshot) is not taken over,
-		// and the rows of its key after it are neither taken over nor
-		// leased (lost): the owner is still publishing that record. (Until
-		// a review found it, the next row of the key went out beside it.)
+		// an UPDATE of that lease. The takeover locks the leases first, in
+		// id order (tk), waiting for those another transaction holds, and
+		// re-checks them then: a lease its owner's write-back deleted
+		// meanwhile is not taken over, and neither is a lease its owner
+		// extended meanwhile (its clock read before the lease ran out, its
+		// commit after this claim's snapshot). Either way the rows of its
+		// key after it are neither taken over nor leased this time (lost):
+		// an owner that extended is still publishing that record. (Until a
+		// review found it, the next row of the key went out beside it.)
 		// The takeover waits for a lease another transaction holds; it does
 		// not skip it. Skipping let a claim take over a former owner's other
 		// leases while that owner's late ack was halfway through them; the

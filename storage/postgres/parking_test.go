@@ -589,6 +589,20 @@ func claimAsync(ctx context.Context, s *Storage) <-chan claimResult {
 	return done
 }
 
+// lockRow locks the row id of table in a transaction of its own, which the
+// test ends (or its cleanup rolls back), and returns it with its session's
+// server process.
+func lockRow(t *testing.T, s *Storage, table string, id int64) (pgx.Tx, int32) {
+	t.Helper()
+	ctx := t.Context()
+	tx, err := s.pool.Begin(ctx)
+	must(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+	_, err = tx.Exec(ctx, "SELECT 1 FROM "+table+" WHERE id = $1 FOR UPDATE", id)
+	must(t, err)
+	return tx, backendPID(t, tx)
+}
+
 // claimNotWaitingFor runs a claim (claimAsync) and returns what it
 // returned, failing the test with why if it waits for a lock held by the
 // session pid.
@@ -629,12 +643,7 @@ func TestParkingSkipsLockedRows(t *testing.T) {
 	must(t, err)
 	_, err = s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, key, leased_by, leased_until, attempts) VALUES ($1, 'k1', 'w', now() - interval '1 second', 1), ($2, 'k2', 'w', now() - interval '1 second', 1)`, s.leases), p, a)
 	must(t, err)
-	x, err := s.pool.Begin(ctx)
-	must(t, err)
-	defer x.Rollback(ctx) //nolint:errcheck // rolled back below; a no-op then
-	_, err = x.Exec(ctx, "SELECT 1 FROM "+s.table+" WHERE id = $1 FOR UPDATE", p)
-	must(t, err)
-	xpid := backendPID(t, x)
+	x, xpid := lockRow(t, s, s.table, p)
 	r := claimNotWaitingFor(t, s, xpid, "the claim waits for the outbox row it would park, which another transaction holds")
 	if got := idsOf(r.recs); !slices.Equal(got, []int64{a}) {
 		t.Errorf("claimed %v, want only %d (taken over; p is held behind e)", got, a)
@@ -665,12 +674,7 @@ func TestSweepSkipsLockedRows(t *testing.T) {
 	// Parked with nothing before them: what the sweep is for.
 	_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET hold = 'behind' WHERE id = ANY($1)`, s.table), ids)
 	must(t, err)
-	x, err := s.pool.Begin(ctx)
-	must(t, err)
-	defer x.Rollback(ctx) //nolint:errcheck // rolled back below; a no-op then
-	_, err = x.Exec(ctx, "SELECT 1 FROM "+s.table+" WHERE id = $1 FOR UPDATE", p)
-	must(t, err)
-	xpid := backendPID(t, x)
+	x, xpid := lockRow(t, s, s.table, p)
 	s.nextSweep.Store(0)
 	r := claimNotWaitingFor(t, s, xpid, "the sweep waits for a parked row another transaction holds")
 	if len(r.recs) != 0 {
@@ -709,12 +713,7 @@ func TestSweepLocksNothingWhileTheTakeoverWaits(t *testing.T) {
 	_, err = s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, key, leased_by, leased_until, attempts) VALUES
  ($1, 'kA', 'w', now() - interval '1 second', 1), ($2, 'kM', 'w', now() + interval '1 hour', 1), ($3, 'kB', 'w', now() + interval '1 hour', 1)`, s.leases), l, m, p)
 	must(t, err)
-	x, err := s.pool.Begin(ctx)
-	must(t, err)
-	defer x.Rollback(ctx) //nolint:errcheck // rolled back below; a no-op then
-	_, err = x.Exec(ctx, "SELECT 1 FROM "+s.leases+" WHERE id = $1 FOR UPDATE", m)
-	must(t, err)
-	xpid := backendPID(t, x)
+	x, xpid := lockRow(t, s, s.leases, m)
 	ackDone := make(chan error, 1)
 	go func() { ackDone <- s.Ack(ctx, storage.AckParams{IDs: []int64{l, m, p}, WorkerID: "w"}) }()
 	var ackPID int32
