@@ -183,15 +183,22 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 			// advisory lock keeps claimers apart), so the lease is deleted
 			// first and the outbox row updated after it: a claim that takes
 			// over an expired lease waits for the DELETE and then finds the
-			// lease gone. Both lock lease rows in id order (the DELETE
-			// through its plan, see writePlan; the takeover and Extend by
-			// their SQL). Of the outbox rows, a claim locks only those it
+			// lease gone. Every statement that locks lease rows locks them
+			// in id order, and its SQL says so (ORDER BY id FOR UPDATE: here
+			// k, in the claim tk, in Extend k), whatever scan reads them: a
+			// former owner's late write-back, the claim that takes its
+			// leases over, the new owner's write-backs and extensions never
+			// wait for each other in a circle. (The DELETE alone locked them
+			// in the order of its scan: id order through a plain index scan,
+			// heap order through a bitmap scan, which only a planner setting
+			// kept away.) Of the outbox rows, a claim locks only those it
 			// parks, wakes or sweeps, skipping rows others hold: it never
 			// waits for one.
 			// Nack and release also take the advisory lock (writeBack); an
 			// ack and a dead-letter do not need it (a delivered or dead row
 			// holds nothing back).
-			return fmt.Sprintf(`WITH l AS (DELETE FROM %s x WHERE x.id %s AND x.leased_by = $2 RETURNING %s)
+			return fmt.Sprintf(`WITH k AS MATERIALIZED (SELECT x.id FROM %[1]s x WHERE x.id %[2]s AND x.leased_by = $2 ORDER BY x.id FOR UPDATE),
+l AS (DELETE FROM %[1]s x WHERE x.id = ANY(ARRAY(SELECT k.id FROM k)) AND x.leased_by = $2 RETURNING %[3]s)
 `, leases, ids, returning)
 		}
 		// Claims without strict ordering run side by side and lock their
@@ -573,6 +580,12 @@ ins AS (
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
 FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotCount-1, head, xmin)
 	}
+	extendOutbox, extendIDs := "", "$1" // see extend
+	if !strict {
+		extendIDs = "ARRAY(SELECT m.id FROM m)"
+		extendOutbox = fmt.Sprintf(`
+m AS MATERIALIZED (SELECT o.id FROM %s o WHERE o.id = ANY($1) AND o.status = 'pending' ORDER BY o.id FOR UPDATE),`, t)
+	}
 	return queries{
 		// "Now" is one clock reading taken once the statement runs, after
 		// its snapshot (and, with strict ordering, after the advisory lock):
@@ -683,18 +696,13 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id
 		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// Write-backs read the lease table by id; with a plan cached while
-		// it was small they would scan it whole (see plan).
-		//
-		// Bitmap scans are off: a plain index scan of the lease table's
-		// primary key with id = ANY(...) takes the rows in id order, the
-		// order in which a claim's takeover and Extend lock them (their
-		// SQL says so), so they cannot deadlock; a bitmap scan would take
-		// them in heap order. The write-backs do not say it in their SQL:
-		// locking the rows in order first (SELECT ... ORDER BY id FOR
-		// UPDATE) writes each row once more, and an ack of 1000 took 15%
-		// longer (BenchmarkClaimAck, strict: 6.9-7.1 ms against 5.9-6.6).
-		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)",
-		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
+		// it was small they would scan it whole (see plan). They lock lease
+		// rows in id order by their SQL (see fenced), so any index scan
+		// will do: locking first costs an ack of 1000 rows about 0.6 ms
+		// (BenchmarkClaimAck, strict: 6.1-7.7 ms against 5.7-6.2), within
+		// the noise of a drain.
+		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
+		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// A lease that ran out is not extended, even when nobody took it
 		// over yet: the forwarder may already have been overtaken. The clock
@@ -714,13 +722,19 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id
 		// former owner's late write-back keeps the lock of a lease it no
 		// longer matches until it commits, and a lease skipped would read
 		// as lost to the forwarder that holds it.
-		extend: fmt.Sprintf(`WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t),
+		//
+		// Without strict ordering a write-back locks its outbox rows first
+		// (see fenced) and deletes the leases in the order its plan reads
+		// them, so Extend locks the outbox rows first too, in id order: an
+		// ack and an extension of the same records then queue on the first
+		// outbox row they share and never hold lease rows the other wants.
+		extend: fmt.Sprintf(`WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t),%[2]s
 k AS MATERIALIZED (
-    SELECT x.id FROM %[1]s x WHERE x.id = ANY($1) AND x.leased_by = $2 AND x.leased_until > (SELECT t FROM n)
+    SELECT x.id FROM %[1]s x WHERE x.id = ANY(%[3]s) AND x.leased_by = $2 AND x.leased_until > (SELECT t FROM n)
     ORDER BY x.id FOR UPDATE)
 UPDATE %[1]s x SET leased_until = (SELECT t FROM n) + $3::bigint * interval '1 microsecond'
 WHERE x.id = ANY(ARRAY(SELECT k.id FROM k)) AND x.leased_by = $2 AND x.leased_until > (SELECT t FROM n)
-RETURNING x.id`, leases),
+RETURNING x.id`, leases, extendOutbox, extendIDs),
 
 		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),
 		join: fmt.Sprintf(`INSERT INTO %s (worker_id, seen_until) VALUES ($1, clock_timestamp() + interval '%d microseconds')

@@ -1073,58 +1073,17 @@ func TestSlotsShareKeysAmongWorkers(t *testing.T) {
 	}
 }
 
-// TestLeasesLockedInIDOrder: the write-backs lock lease rows through a plain
-// index scan of the lease table's primary key, which takes them in id
-// order, never through a bitmap scan (heap order): two statements locking
-// several rows in different orders could deadlock. (A claim's takeover and
-// Extend lock them in id order by their SQL: TestTakeoverAndExtendLockInIDOrder.)
-func TestLeasesLockedInIDOrder(t *testing.T) {
-	t.Parallel()
-	s := newStore(t, Config{})
-	ctx := t.Context()
-	var in []storage.Record
-	for i := range 3000 {
-		in = append(in, rec(fmt.Sprintf("k%d", i%300)))
-	}
-	ids := insert(t, s, in...)
-	// Statistics taken while the lease table was empty, as after a quiet
-	// spell: the planner then likes bitmap scans for id = ANY(...).
-	_, err := s.pool.Exec(ctx, "ANALYZE "+s.leases)
-	must(t, err)
-	claim(t, s, "w", 3000, time.Minute)
-	for _, tc := range []struct {
-		name, settings, sql string
-		args                []any
-	}{
-		{"ack", s.q.writePlan, s.q.ack, []any{ids[:1000], "w"}},
-		{"release", s.q.writePlan, s.q.release, []any{ids[:1000], "w", time.Now()}},
-	} {
-		tx, err := s.pool.Begin(ctx)
-		must(t, err)
-		_, err = tx.Exec(ctx, tc.settings)
-		must(t, err)
-		rows, err := tx.Query(ctx, "EXPLAIN "+tc.sql, tc.args...)
-		must(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		must(t, err)
-		must(t, tx.Rollback(ctx))
-		plan := strings.Join(lines, "\n")
-		if strings.Contains(plan, "Bitmap Heap Scan on outbox_leases") || !strings.Contains(plan, "Index Scan using outbox_leases_pkey") {
-			t.Errorf("%s does not read the lease table in id order:\n%s", tc.name, plan)
-		}
-	}
-}
-
-// TestTakeoverAndExtendLockInIDOrder: a claim's takeover of expired leases
-// and Extend lock the lease rows they touch in id order, whatever scan reads
-// them: with an ack, which locks them in id order too, in a different order
-// they could deadlock. The lease rows are written in descending id order, so
-// that the heap order is the reverse of the id order, and the statements
-// run on sessions that cannot use a plain index scan (a bitmap or
-// sequential scan hands rows out in heap order). While another transaction
-// holds the lock of the middle lease, the statement waits for it holding
-// the leases below it and none above.
-func TestTakeoverAndExtendLockInIDOrder(t *testing.T) {
+// TestLeaseLocksInIDOrder: every statement that locks several lease rows
+// (a claim's takeover of expired leases, Extend, an ack, a release) locks
+// them in id order, whatever scan reads them: two of them locking rows in
+// different orders could deadlock (a former owner's late ack, the claim
+// that takes its leases over, the new owner's ack). The lease rows are
+// written in descending id order, so that the heap order is the reverse of
+// the id order, and the statements run on sessions that cannot use a plain
+// index scan (a bitmap or sequential scan hands rows out in heap order).
+// While another transaction holds the lock of the middle lease, the
+// statement waits for it holding the leases below it and none above.
+func TestLeaseLocksInIDOrder(t *testing.T) {
 	t.Parallel()
 	cfg, err := pgxpool.ParseConfig(testDatabaseURL())
 	must(t, err)
@@ -1154,91 +1113,172 @@ func TestTakeoverAndExtendLockInIDOrder(t *testing.T) {
 			}
 			return err
 		}},
+		{"ack", false, func(ctx context.Context, s *Storage, ids []int64) error {
+			return leasesGone(ctx, s, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+		}},
+		{"release", false, func(ctx context.Context, s *Storage, ids []int64) error {
+			return leasesGone(ctx, s, s.Release(ctx, storage.ReleaseParams{IDs: ids, WorkerID: "w", RetryAt: time.Now()}))
+		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := t.Context()
-			s := newStore(t, Config{})
-			var in []storage.Record
-			for i := range n {
-				in = append(in, rec(fmt.Sprintf("k%d", i)))
-			}
-			ids := insert(t, s, in...)
-			claim(t, s, "w", n, time.Minute)
-			until := "leased_until"
-			if tc.expire {
-				until = "now() - interval '1 second'"
-			}
-			_, err := s.pool.Exec(ctx, fmt.Sprintf(`WITH d AS (DELETE FROM %[1]s RETURNING *)
+		for _, mode := range []struct {
+			name string
+			cfg  Config
+		}{{"strict", Config{}}, {"nostrict", Config{DisableStrictOrdering: true}}} {
+			t.Run(mode.name+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				ctx := t.Context()
+				s := newStore(t, mode.cfg)
+				var in []storage.Record
+				for i := range n {
+					in = append(in, rec(fmt.Sprintf("k%d", i)))
+				}
+				ids := insert(t, s, in...)
+				claim(t, s, "w", n, time.Minute)
+				until := "leased_until"
+				if tc.expire {
+					until = "now() - interval '1 second'"
+				}
+				_, err := s.pool.Exec(ctx, fmt.Sprintf(`WITH d AS (DELETE FROM %[1]s RETURNING *)
 INSERT INTO %[1]s (id, key, leased_by, leased_until, attempts) SELECT id, key, leased_by, %[2]s, attempts FROM d ORDER BY id DESC`, s.leases, until))
-			must(t, err)
-			// The setup holds: a bitmap scan reads the leases highest id first.
-			tx, err := heapOrder.Begin(ctx)
-			must(t, err)
-			_, err = tx.Exec(ctx, "SET LOCAL enable_seqscan = off")
-			must(t, err)
-			rows, err := tx.Query(ctx, "SELECT id FROM "+s.leases+" WHERE id = ANY($1)", ids)
-			must(t, err)
-			order, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-			must(t, err)
-			must(t, tx.Rollback(ctx))
-			if len(order) != n || order[0] != ids[n-1] {
-				t.Fatalf("a bitmap scan read the leases in the order %v; the test needs the highest id first", order)
-			}
-
-			lockOne := func(id int64, nowait bool) (pgx.Tx, error) {
-				tx, err := s.pool.Begin(ctx)
 				must(t, err)
-				q := "SELECT id FROM " + s.leases + " WHERE id = $1 FOR UPDATE"
-				if nowait {
-					q += " NOWAIT"
+				// The setup holds: a bitmap scan reads the leases highest id first.
+				tx, err := heapOrder.Begin(ctx)
+				must(t, err)
+				_, err = tx.Exec(ctx, "SET LOCAL enable_seqscan = off")
+				must(t, err)
+				rows, err := tx.Query(ctx, "SELECT id FROM "+s.leases+" WHERE id = ANY($1)", ids)
+				must(t, err)
+				order, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+				must(t, err)
+				must(t, tx.Rollback(ctx))
+				if len(order) != n || order[0] != ids[n-1] {
+					t.Fatalf("a bitmap scan read the leases in the order %v; the test needs the highest id first", order)
 				}
-				if _, err := tx.Exec(ctx, q, id); err != nil {
-					_ = tx.Rollback(ctx)
-					return nil, err
-				}
-				return tx, nil
-			}
-			blocker, err := lockOne(ids[n/2], false)
-			must(t, err)
-			defer blocker.Rollback(ctx) //nolint:errcheck // released below; a no-op then
-			blockerPID := backendPID(t, blocker)
 
-			s2, err := New(heapOrder, s.config)
-			must(t, err)
-			done := make(chan error, 1)
-			go func() { done <- tc.run(ctx, s2, ids) }()
-			waitFor(t, 30*time.Second, "the statement to wait for the locked lease", func() bool {
+				lockOne := func(id int64, nowait bool) (pgx.Tx, error) {
+					tx, err := s.pool.Begin(ctx)
+					must(t, err)
+					q := "SELECT id FROM " + s.leases + " WHERE id = $1 FOR UPDATE"
+					if nowait {
+						q += " NOWAIT"
+					}
+					if _, err := tx.Exec(ctx, q, id); err != nil {
+						_ = tx.Rollback(ctx)
+						return nil, err
+					}
+					return tx, nil
+				}
+				blocker, err := lockOne(ids[n/2], false)
+				must(t, err)
+				defer blocker.Rollback(ctx) //nolint:errcheck // released below; a no-op then
+				blockerPID := backendPID(t, blocker)
+
+				s2, err := New(heapOrder, s.config)
+				must(t, err)
+				done := make(chan error, 1)
+				go func() { done <- tc.run(ctx, s2, ids) }()
+				waitFor(t, 30*time.Second, "the statement to wait for the locked lease", func() bool {
+					select {
+					case err := <-done:
+						t.Fatalf("the statement did not wait for the locked lease: %v", err)
+					default:
+					}
+					return blockedBy(t, s, blockerPID) > 0
+				})
+				var pgErr *pgconn.PgError
+				low, err := lockOne(ids[0], true)
+				if err == nil {
+					_ = low.Rollback(ctx)
+					t.Errorf("the lowest lease was free while the statement waited for the middle one: it locks in another order than id order")
+				} else if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+					t.Fatalf("lock the lowest lease: %v", err)
+				}
+				high, err := lockOne(ids[n-1], true)
+				if err != nil {
+					t.Errorf("the highest lease was locked while the statement waited for the middle one (%v): it locks in another order than id order", err)
+				} else {
+					must(t, high.Rollback(ctx))
+				}
+				must(t, blocker.Rollback(ctx))
 				select {
 				case err := <-done:
-					t.Fatalf("the statement did not wait for the locked lease: %v", err)
-				default:
+					must(t, err)
+				case <-time.After(30 * time.Second):
+					t.Fatal("the statement did not finish once the lease was free")
 				}
-				return blockedBy(t, s, blockerPID) > 0
 			})
-			var pgErr *pgconn.PgError
-			low, err := lockOne(ids[0], true)
-			if err == nil {
-				_ = low.Rollback(ctx)
-				t.Errorf("the lowest lease was free while the statement waited for the middle one: it locks in another order than id order")
-			} else if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
-				t.Fatalf("lock the lowest lease: %v", err)
-			}
-			high, err := lockOne(ids[n-1], true)
-			if err != nil {
-				t.Errorf("the highest lease was locked while the statement waited for the middle one (%v): it locks in another order than id order", err)
-			} else {
-				must(t, high.Rollback(ctx))
-			}
-			must(t, blocker.Rollback(ctx))
-			select {
-			case err := <-done:
-				must(t, err)
-			case <-time.After(30 * time.Second):
-				t.Fatal("the statement did not finish once the lease was free")
-			}
-		})
+		}
 	}
+}
+
+// TestExtendLocksOutboxRowsFirstWithoutStrictOrdering: without strict
+// ordering a write-back locks its outbox rows (in id order) before it
+// deletes the leases, in whatever order its plan reads them; Extend locks
+// the outbox rows first too, so that an ack and an extension of the same
+// records queue on an outbox row instead of each holding a lease the other
+// wants. While another transaction holds the middle record's outbox row,
+// Extend waits for it holding no lease; once it is free, Extend extends
+// every lease.
+func TestExtendLocksOutboxRowsFirstWithoutStrictOrdering(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{DisableStrictOrdering: true})
+	const n = 5
+	var in []storage.Record
+	for i := range n {
+		in = append(in, rec(fmt.Sprintf("k%d", i)))
+	}
+	ids := insert(t, s, in...)
+	claim(t, s, "w", n, time.Minute)
+	blocker, pid := lockRow(t, s, s.table, ids[n/2])
+	done := make(chan []int64, 1)
+	go func() {
+		got, err := s.Extend(ctx, storage.ExtendParams{IDs: ids, WorkerID: "w", Lease: time.Hour})
+		if err != nil {
+			t.Errorf("extend: %v", err)
+		}
+		done <- got
+	}()
+	waitFor(t, 30*time.Second, "Extend to wait for the locked outbox row", func() bool {
+		select {
+		case got := <-done:
+			t.Fatalf("Extend did not wait for the locked outbox row: extended %v", got)
+		default:
+		}
+		return blockedBy(t, s, pid) > 0
+	})
+	tx, err := s.pool.Begin(ctx)
+	must(t, err)
+	_, err = tx.Exec(ctx, "SELECT id FROM "+s.leases+" WHERE id = ANY($1) FOR UPDATE NOWAIT", ids)
+	if err != nil {
+		t.Errorf("Extend held a lease while it waited for an outbox row: %v", err)
+	}
+	must(t, tx.Rollback(ctx))
+	must(t, blocker.Rollback(ctx))
+	select {
+	case got := <-done:
+		if len(got) != n {
+			t.Fatalf("extended %v, want all of %v", got, ids)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Extend did not finish once the outbox row was free")
+	}
+}
+
+// leasesGone is err, or an error if a write-back that returned err left a
+// lease behind.
+func leasesGone(ctx context.Context, s *Storage, err error) error {
+	if err != nil {
+		return err
+	}
+	var n int
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.leases).Scan(&n); err != nil {
+		return err
+	}
+	if n != 0 {
+		return fmt.Errorf("the write-back left %d leases", n)
+	}
+	return nil
 }
 
 // TestLockKeyFollowsTheTableNotItsSpelling: two storages over one table,
