@@ -167,12 +167,18 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// (key, id) that only that index can answer in order (see followers in
 	// the claim): a generic plan walked the primary key in id order
 	// instead, every pending row for each key (2.4 s an ack with 50
-	// thousand rows parked).
+	// thousand rows parked). It skips a row another transaction holds and
+	// never waits for one (see fenced): that transaction is delivering it
+	// (its owner's ack, when it went out behind its head), parking it for a
+	// retry, or setting it free itself (a sweep, another unpark); should it
+	// roll back instead, the sweep sets the row free.
 	unpark := fmt.Sprintf(`UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id = ANY(ARRAY(
-    SELECT b.id FROM (SELECT d.key, max(d.id) AS id FROM d WHERE d.key <> '' AND %[2]s GROUP BY d.key) k
-    CROSS JOIN LATERAL (
-        SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.hold IS NOT NULL AND (b.key, b.id) > (k.key, k.id) AND b.key <= k.key
-        ORDER BY b.key, b.id LIMIT 1) b))`, t, holdSet)
+    SELECT u.id FROM %[1]s u WHERE u.status = 'pending' AND u.hold = 'behind' AND u.id = ANY(ARRAY(
+        SELECT b.id FROM (SELECT d.key, max(d.id) AS id FROM d WHERE d.key <> '' AND %[2]s GROUP BY d.key) k
+        CROSS JOIN LATERAL (
+            SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.hold IS NOT NULL AND (b.key, b.id) > (k.key, k.id) AND b.key <= k.key
+            ORDER BY b.key, b.id LIMIT 1) b))
+    FOR UPDATE SKIP LOCKED))`, t, holdSet)
 	// Every write-back deletes the worker's lease and updates the outbox row
 	// in one statement: the lease is the fence (a lease taken over by another
 	// worker has another leased_by, so the write-back matches nothing), and
@@ -183,17 +189,34 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 			// advisory lock keeps claimers apart), so the lease is deleted
 			// first and the outbox row updated after it: a claim that takes
 			// over an expired lease waits for the DELETE and then finds the
-			// lease gone. Every statement that locks lease rows locks them
-			// in id order, and its SQL says so (ORDER BY id FOR UPDATE: here
-			// k, in the claim tk, in Extend k), whatever scan reads them: a
-			// former owner's late write-back, the claim that takes its
-			// leases over, the new owner's write-backs and extensions never
-			// wait for each other in a circle. (The DELETE alone locked them
-			// in the order of its scan: id order through a plain index scan,
-			// heap order through a bitmap scan, which only a planner setting
-			// kept away.) Of the outbox rows, a claim locks only those it
-			// parks, wakes or sweeps, skipping rows others hold: it never
-			// waits for one.
+			// lease gone.
+			//
+			// Why no two statements wait for each other in a circle, from
+			// the SQL alone (no planner setting decides an order):
+			//   - The advisory lock, where taken, comes first in its
+			//     transaction.
+			//   - Every statement that waits for lease rows locks them in
+			//     id order: here k (ORDER BY id FOR UPDATE), the claim's
+			//     takeover (tk), Extend (k).
+			//   - Only a write-back waits for outbox rows (operator
+			//     statements aside, which touch dead rows only), and only
+			//     for rows whose lease it has locked and still holds (k): no
+			//     other write-back can want them. It locks them in the order
+			//     its DELETE returns them, which is free. Every other
+			//     statement that locks outbox rows skips those another
+			//     transaction holds and waits for none: the claim's wake,
+			//     parking and sweep, the nack's parking, the ack's unpark.
+			//   - A claim holds no outbox row while its takeover waits,
+			//     other than the rows its wake set free, which have no lease
+			//     and so no write-back wants (its parking and its sweep
+			//     come after the takeover).
+			// (The DELETE alone locked the leases in the order of its scan:
+			// id order through a plain index scan, heap order through a
+			// bitmap scan, which only a planner setting kept away; and its
+			// outbox rows then went in heap order too, against the nack's
+			// parking, which waited for them in id order. Both deadlocks
+			// were reproduced.)
+			//
 			// Nack and release also take the advisory lock (writeBack); an
 			// ack and a dead-letter do not need it (a delivered or dead row
 			// holds nothing back).
@@ -254,10 +277,15 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
 		// outage parks each row once, when its key's head fails, not in the
 		// claims that follow, and no statement grows with the backlog of a
 		// key. Under the claim lock, like every parking (see writeBack).
-		// Both return how many rows they parked, the last row they looked
-		// at, whether the head still holds its key, and the key. (A nack
-		// again of a record whose rows are parked already parks none and
-		// goes no further.)
+		// Both return how many rows they found to park (not parked yet),
+		// the last row they looked at, whether the head still holds its
+		// key, and the key. (A nack again of a record whose rows are parked
+		// already finds none and goes no further.) They skip a row another
+		// transaction holds and never wait for one (see fenced): a former
+		// owner's late ack deletes it, say, and locks its outbox rows in
+		// the order its lease DELETE returns them; a row left unparked is
+		// held back by every claim's walk all the same, and the claim
+		// that meets it parks it.
 		holds := "n.hold IS NOT NULL"
 		headHolds := "h.hold IS NOT NULL"
 		if holdDead {
@@ -268,18 +296,19 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
 		parkRows := func(from string) string {
 			return fmt.Sprintf(`p AS (
     UPDATE %[1]s f SET hold = 'behind'
-    WHERE f.status = 'pending' AND f.hold IS NULL AND f.id = ANY(ARRAY(SELECT x.id FROM x))
-      AND NOT EXISTS (SELECT 1 FROM %[2]s y WHERE y.id = f.id AND y.leased_until > clock_timestamp())
-    RETURNING f.key)
-SELECT (SELECT count(*) FROM p), (SELECT COALESCE(max(x.id), 0) FROM x), %[3]s, (SELECT COALESCE(min(p.key), '') FROM p)`, t, leases, from)
+    WHERE f.status = 'pending' AND f.hold IS NULL AND f.id = ANY(ARRAY(
+        SELECT q.id FROM %[1]s q WHERE q.status = 'pending' AND q.hold IS NULL AND q.id = ANY(ARRAY(SELECT x.id FROM x))
+          AND NOT EXISTS (SELECT 1 FROM %[2]s y WHERE y.id = q.id AND y.leased_until > clock_timestamp())
+        FOR UPDATE SKIP LOCKED)))
+SELECT (SELECT count(*) FROM x WHERE x.hold IS NULL), (SELECT COALESCE(max(x.id), 0) FROM x), %[3]s, (SELECT COALESCE(min(x.key), '') FROM x)`, t, leases, from)
 		}
 		nack = fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`, n AS (
     UPDATE %[1]s o SET %[5]s
     FROM l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.key, o.hold),
 x AS (
-    SELECT b.id FROM n CROSS JOIN LATERAL (
-        SELECT b.id FROM %[1]s b WHERE b.status = 'pending' AND b.key <> '' AND b.key = n.key AND (b.key, b.id) > (n.key, n.id)
+    SELECT b.id, b.key, b.hold FROM n CROSS JOIN LATERAL (
+        SELECT b.id, b.key, b.hold FROM %[1]s b WHERE b.status = 'pending' AND b.key <> '' AND b.key = n.key AND (b.key, b.id) > (n.key, n.id)
         ORDER BY b.id LIMIT %[2]d) b
     WHERE n.key <> '' AND %[3]s),
 %[4]s`, t, parkChunk, holds, parkRows(fmt.Sprintf("(SELECT COALESCE(bool_or(%s), false) FROM n)", holds)), nackSet)
@@ -288,7 +317,7 @@ x AS (
 		parkMore = fmt.Sprintf(`WITH hd AS MATERIALIZED (
     SELECT COALESCE((SELECT %[3]s FROM %[1]s h WHERE h.id = $3 AND h.status = 'pending'), false) AS holds),
 x AS (
-    SELECT b.id FROM %[1]s b
+    SELECT b.id, b.key, b.hold FROM %[1]s b
     WHERE (SELECT holds FROM hd) AND b.status = 'pending' AND b.key <> '' AND b.key = $1 AND (b.key, b.id) > ($1::text, $2::bigint)
     ORDER BY b.id LIMIT %[2]d),
 %[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"))
@@ -844,12 +873,12 @@ func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 	// the claim lock, so that claims go on between them. The nack itself is
 	// the first; the rest is best effort (a claim parks what is left, as it
 	// meets it), and stops when ctx is done.
-	parked, last, holds, key, err := s.park(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt)
+	found, last, holds, key, err := s.park(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt)
 	if err != nil {
 		return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
 	}
-	for parked == parkChunk && holds && ctx.Err() == nil {
-		if parked, last, holds, _, err = s.park(ctx, s.q.parkMore, key, last, p.ID); err != nil {
+	for found == parkChunk && holds && ctx.Err() == nil {
+		if found, last, holds, _, err = s.park(ctx, s.q.parkMore, key, last, p.ID); err != nil {
 			return nil //nolint:nilerr // the nack is done; the claims park the rest
 		}
 	}
@@ -857,12 +886,12 @@ func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 }
 
 // park runs a parking statement (the nack, or parkMore) under the claim
-// lock and returns how many rows it parked, the last row it looked at,
-// whether the record they are parked behind still holds its key, and the
-// key.
-func (s *Storage) park(ctx context.Context, sql string, args ...any) (parked, last int64, holds bool, key string, err error) {
-	err = s.queryRow(ctx, true, []any{&parked, &last, &holds, &key}, sql, args...)
-	return parked, last, holds, key, err
+// lock and returns how many rows it found to park, the last row it looked
+// at, whether the record they are parked behind still holds its key, and
+// the key.
+func (s *Storage) park(ctx context.Context, sql string, args ...any) (found, last int64, holds bool, key string, err error) {
+	err = s.queryRow(ctx, true, []any{&found, &last, &holds, &key}, sql, args...)
+	return found, last, holds, key, err
 }
 
 // Release implements [storage.Storage].

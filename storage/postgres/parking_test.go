@@ -772,3 +772,150 @@ func TestTakeoverLostToAnExtensionTakesNothingBehindIt(t *testing.T) {
 		t.Errorf("claimed %v while m (%d) is still leased by its owner, want only %d (another key)", got, m, other)
 	}
 }
+
+// notWaitingFor runs run and fails the test (with why) if it waits for the
+// backend pid meanwhile; it returns run's error.
+func notWaitingFor(t *testing.T, s *Storage, pid int32, why string, run func(context.Context) error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- run(t.Context()) }()
+	var err error
+	waitFor(t, 30*time.Second, "the statement", func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+		}
+		if blockedBy(t, s, pid) > 0 {
+			t.Fatal(why)
+		}
+		return false
+	})
+	return err
+}
+
+// TestUnparkSkipsLockedRows: an ack sets free the row parked behind what it
+// delivered, and skips it, without waiting, when another transaction holds
+// it (that transaction delivers it, parks it again or sets it free itself;
+// the sweep sets free what is left parked). Only write-backs wait for
+// outbox rows, and only for their own (see fenced in buildQueries).
+func TestUnparkSkipsLockedRows(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	ids := insert(t, s, rec("k"), rec("k"), rec("k"))
+	h, f1, f2 := ids[0], ids[1], ids[2]
+	if got := idsOf(claim(t, s, "w", 1, time.Minute)); !slices.Equal(got, []int64{h}) {
+		t.Fatalf("claimed %v, want [%d]", got, h)
+	}
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET hold = 'behind' WHERE id = ANY($1)`, s.table), []int64{f1, f2})
+	must(t, err)
+	x, xpid := lockRow(t, s, s.table, f1)
+	must(t, notWaitingFor(t, s, xpid, "the ack's unpark waits for a parked row another transaction holds", func(ctx context.Context) error {
+		return s.Ack(ctx, storage.AckParams{IDs: []int64{h}, WorkerID: "w"})
+	}))
+	if hd := holdOf(t, s, f1); hd != "behind" {
+		t.Errorf("f1's hold is %q: the unpark changed a row another transaction held", hd)
+	}
+	must(t, x.Rollback(ctx))
+	s.nextSweep.Store(0)
+	if got := claim(t, s, "y", 10, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed %v while the key's rows were parked", idsOf(got))
+	}
+	if got := idsOf(claim(t, s, "y", 10, time.Minute)); !slices.Equal(got, []int64{f1, f2}) {
+		t.Errorf("the claim after the sweep took %v, want %v", got, []int64{f1, f2})
+	}
+}
+
+// TestNackParkingSkipsLockedRows: a nack parks the rows behind its record
+// that it can lock, and skips, without waiting, one that another
+// transaction holds; the claims hold that row back all the same, and the
+// first that meets it parks it.
+func TestNackParkingSkipsLockedRows(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	ids := insert(t, s, rec("k"), rec("k"), rec("k"))
+	h, r1, r2 := ids[0], ids[1], ids[2]
+	if got := idsOf(claim(t, s, "w", 1, time.Minute)); !slices.Equal(got, []int64{h}) {
+		t.Fatalf("claimed %v, want [%d]", got, h)
+	}
+	x, xpid := lockRow(t, s, s.table, r1)
+	must(t, notWaitingFor(t, s, xpid, "the nack's parking waits for a row another transaction holds", func(ctx context.Context) error {
+		return s.Nack(ctx, storage.NackParams{ID: h, WorkerID: "w", Error: "boom", RetryAt: time.Now().Add(time.Hour)})
+	}))
+	if hd := holdOf(t, s, r1); hd != "" {
+		t.Errorf("r1's hold is %q: the nack changed a row another transaction held", hd)
+	}
+	if hd := holdOf(t, s, r2); hd != "behind" {
+		t.Errorf("r2's hold is %q, want behind", hd)
+	}
+	must(t, x.Rollback(ctx))
+	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed %v while the key's head waits for its retry", idsOf(got))
+	}
+	if hd := holdOf(t, s, r1); hd != "behind" {
+		t.Errorf("r1's hold is %q after a claim met it, want behind", hd)
+	}
+}
+
+// TestLateAckAndNackParkingDoNotDeadlock: a former owner's late ack locks
+// its outbox rows in the order its lease DELETE returns them (heap order of
+// the lease table, here the reverse of id order), while the new owner's
+// nack parks the rows behind the record it took over, in id order. Found by
+// review: the nack's parking waited for r1, which the ack held, and the
+// ack for r2, which the nack held. The nack's parking skips the rows the
+// ack holds now.
+func TestLateAckAndNackParkingDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	ids := insert(t, s, rec("k"), rec("k"), rec("k"), rec("k"))
+	n, r1, rm, r2 := ids[0], ids[1], ids[2], ids[3]
+	if got := idsOf(claim(t, s, "w", 10, time.Minute)); !slices.Equal(got, ids) {
+		t.Fatalf("w claimed %v", got)
+	}
+	// The lease table in descending id order, every lease run out.
+	_, err := s.pool.Exec(ctx, fmt.Sprintf(`WITH d AS (DELETE FROM %[1]s RETURNING *)
+INSERT INTO %[1]s (id, key, leased_by, leased_until, attempts) SELECT id, key, leased_by, now() - interval '1 second', attempts FROM d ORDER BY id DESC`, s.leases))
+	must(t, err)
+	if got := idsOf(claim(t, s, "y", 1, time.Minute)); !slices.Equal(got, []int64{n}) {
+		t.Fatalf("y took over %v, want [%d]", got, n)
+	}
+	// rm held elsewhere orders the two: the nack's parking reaches r1
+	// first (and, before the fix, waited for rm holding r1).
+	blocker, _ := lockRow(t, s, s.table, rm)
+	nackDone := make(chan error, 1)
+	go func() {
+		nackDone <- s.Nack(ctx, storage.NackParams{ID: n, WorkerID: "y", Error: "boom", RetryAt: time.Now().Add(time.Hour)})
+	}()
+	ackDone := make(chan error, 1)
+	go func() { ackDone <- s.Ack(ctx, storage.AckParams{IDs: []int64{n, r1, r2}, WorkerID: "w"}) }()
+	// Both finish, or (before the fix) both wait: the nack for rm, the ack
+	// for r1.
+	waitFor(t, 30*time.Second, "the nack and the late ack to finish or wait", func() bool {
+		var waiting int
+		must(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.table).Scan(&waiting))
+		return waiting >= 2 || len(nackDone) > 0 && len(ackDone) > 0
+	})
+	must(t, blocker.Rollback(ctx))
+	for name, done := range map[string]chan error{"nack": nackDone, "late ack": ackDone} {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s did not finish", name)
+		}
+	}
+	// The late ack delivered the rows it still held; n waits for its retry.
+	var left []int64
+	rows, err := s.pool.Query(ctx, fmt.Sprintf("SELECT id FROM %s ORDER BY id", s.table))
+	must(t, err)
+	left, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	must(t, err)
+	if !slices.Equal(left, []int64{n, rm}) {
+		t.Errorf("rows left %v, want %v", left, []int64{n, rm})
+	}
+}
