@@ -721,8 +721,23 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id
 		// the scan. Its takeover locks leases in id order by its SQL (tk),
 		// and its parking, its sweep and its wake skip the rows another
 		// transaction holds.
-		plan:     "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
-		planLock: "SELECT set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
+		//
+		// The claim's transaction commits without waiting for its WAL to
+		// reach the disk (synchronous_commit off for it alone): a claim is
+		// on the way of every record from its producer's commit to its
+		// publish, and a flush that waits behind a busy disk (a producer's
+		// commit, an ack's) held the record back that long, and, with
+		// strict ordering, every other claimer waiting for the claim lock,
+		// which a transaction holds until its commit is done. What a
+		// server crash can lose is the last claims before it, never an
+		// ack: WAL is written in order, so an ack's flush makes the claims
+		// committed before it durable too. A claim lost that way leaves its
+		// records claimable again after the restart: published twice, and
+		// each key's first deliveries still in order (a forwarder publishes
+		// a key's records in id order and claims none behind a record
+		// another holds).
+		plan:     "SELECT set_config('synchronous_commit', 'off', true), set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
+		planLock: "SELECT set_config('synchronous_commit', 'off', true), set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// Write-backs read the lease table by id; with a plan cached while
 		// it was small they would scan it whole (see plan). They lock lease

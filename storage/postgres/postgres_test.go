@@ -1463,3 +1463,57 @@ func claimUntil(t *testing.T, s *Storage, n int) []storage.Record {
 	}
 	return got
 }
+
+// TestClaimCommitsWithoutWaitingForTheFlush: a claim's transaction commits
+// without waiting for its WAL to be flushed. The storage's sessions delay
+// the WAL flush a commit waits for by 100 ms (commit_delay, with no siblings
+// needed), so a claim that waited for it would take at least that, unless
+// another session happened to flush its WAL first; of ten claims, one at
+// least must be faster.
+func TestClaimCommitsWithoutWaitingForTheFlush(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	cfg, err := pgxpool.ParseConfig(testDatabaseURL())
+	must(t, err)
+	cfg.ConnConfig.RuntimeParams["commit_delay"] = "100000"
+	cfg.ConnConfig.RuntimeParams["commit_siblings"] = "0"
+	delayed, err := pgxpoolWithConfig(t, cfg)
+	must(t, err)
+	var delay, fsync string
+	must(t, delayed.QueryRow(ctx, "SELECT current_setting('commit_delay'), current_setting('fsync')").Scan(&delay, &fsync))
+	if delay != "100000" || fsync != "on" {
+		t.Fatalf("commit_delay %s, fsync %s: the setup needs 100000 and on, or flushes are not delayed", delay, fsync)
+	}
+	for _, mode := range []struct {
+		name string
+		cfg  Config
+	}{{"strict", Config{}}, {"nostrict", Config{DisableStrictOrdering: true}}} {
+		t.Run(mode.name, func(t *testing.T) {
+			s := newStore(t, mode.cfg)
+			const n = 10
+			var in []storage.Record
+			for i := range n {
+				in = append(in, rec(fmt.Sprintf("k%d", i)))
+			}
+			insert(t, s, in...)
+			s2, err := New(delayed, s.config)
+			must(t, err)
+			fastest := time.Hour
+			var ids []int64
+			for range n {
+				start := time.Now()
+				got, err := s2.Claim(ctx, storage.ClaimParams{BatchSize: 1, Lease: time.Minute, WorkerID: "w"})
+				must(t, err)
+				fastest = min(fastest, time.Since(start))
+				if len(got) != 1 {
+					t.Fatalf("claimed %d records, want 1", len(got))
+				}
+				ids = append(ids, got[0].ID)
+			}
+			if fastest >= 100*time.Millisecond {
+				t.Errorf("the fastest of %d claims took %v: each waited for the delayed WAL flush", n, fastest)
+			}
+			must(t, s2.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+		})
+	}
+}
