@@ -608,20 +608,11 @@ func lockRow(t *testing.T, s *Storage, table string, id int64) (pgx.Tx, int32) {
 // session pid.
 func claimNotWaitingFor(t *testing.T, s *Storage, pid int32, why string) claimResult {
 	t.Helper()
-	done := claimAsync(t.Context(), s)
 	var r claimResult
-	waitFor(t, 30*time.Second, "the claim", func() bool {
-		select {
-		case r = <-done:
-			return true
-		default:
-		}
-		if blockedBy(t, s, pid) > 0 {
-			t.Fatal(why)
-		}
-		return false
-	})
-	must(t, r.err)
+	must(t, notWaitingFor(t, s, pid, why, func(ctx context.Context) error {
+		r = <-claimAsync(ctx, s)
+		return r.err
+	}))
 	return r
 }
 
