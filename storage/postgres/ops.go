@@ -742,9 +742,9 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'behind' AND id
 		// Write-backs read the lease table by id; with a plan cached while
 		// it was small they would scan it whole (see plan). They lock lease
 		// rows in id order by their SQL (see fenced), so any index scan
-		// will do: locking first costs an ack of 1000 rows about 0.6 ms
-		// (BenchmarkClaimAck, strict: 6.1-7.7 ms against 5.7-6.2), within
-		// the noise of a drain.
+		// will do: locking first costs an ack of 1000 rows about 0.5 ms
+		// (BenchmarkClaimAck, strict: 6.3-6.5 ms against 5.6-6.2; see
+		// docs/benchmarks.md for the drains).
 		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
 		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
