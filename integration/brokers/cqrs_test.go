@@ -150,19 +150,22 @@ func TestCQRSEventBus(t *testing.T) {
 	}
 
 	t.Run("no transaction in the context", func(t *testing.T) {
+		// The records of order-x, pending or already delivered (the
+		// forwarders run meanwhile, and ack the earlier orders' records
+		// between two counts of the whole table).
 		count := func() (n int) {
-			if err := f.pool.QueryRow(ctx, "SELECT count(*) FROM "+f.schema+".outbox").Scan(&n); err != nil {
+			q := fmt.Sprintf("SELECT (SELECT count(*) FROM %s WHERE key = $1) + (SELECT count(*) FROM %s WHERE key = $1)", f.store.Table(), f.store.DeliveredTable())
+			if err := f.pool.QueryRow(ctx, q, "order-x").Scan(&n); err != nil {
 				t.Fatal(err)
 			}
 			return n
 		}
-		before := count()
 		err := bus.Publish(ctx, &OrderPlaced{OrderID: "order-x"})
 		if !errors.Is(err, txoutbox.ErrNoTransaction) {
 			t.Fatalf("Publish without a transaction: %v, want an error wrapping ErrNoTransaction", err)
 		}
-		if after := count(); after != before {
-			t.Errorf("outbox holds %d records, had %d: something was written", after, before)
+		if n := count(); n != 0 {
+			t.Errorf("the outbox holds %d records of order-x: something was written", n)
 		}
 	})
 }
