@@ -743,14 +743,7 @@ func TestTakeoverLostToAnExtensionTakesNothingBehindIt(t *testing.T) {
 	must(t, err)
 	pid := backendPID(t, ext)
 	done := claimAsync(ctx, s)
-	waitFor(t, 30*time.Second, "the claim to wait for the extension", func() bool {
-		select {
-		case r := <-done:
-			t.Fatalf("the claim did not wait for the extension of m: %v, %v", idsOf(r.recs), r.err)
-		default:
-		}
-		return blockedBy(t, s, pid) > 0
-	})
+	waitingFor(t, s, pid, "the claim to wait for the extension of m", done)
 	must(t, ext.Commit(ctx))
 	var r claimResult
 	select {
@@ -783,6 +776,21 @@ func notWaitingFor(t *testing.T, s *Storage, pid int32, why string, run func(con
 		return false
 	})
 	return err
+}
+
+// waitingFor waits until a statement waits for a lock held by the backend
+// pid, failing the test if the statement ends first (done delivers): it did
+// not wait.
+func waitingFor[T any](t *testing.T, s *Storage, pid int32, what string, done <-chan T) {
+	t.Helper()
+	waitFor(t, 30*time.Second, what, func() bool {
+		select {
+		case v := <-done:
+			t.Fatalf("waiting for %s: the statement ended without waiting: %v", what, v)
+		default:
+		}
+		return blockedBy(t, s, pid) > 0
+	})
 }
 
 // TestUnparkSkipsLockedRows: an ack sets free the row parked behind what it

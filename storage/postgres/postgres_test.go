@@ -1177,14 +1177,7 @@ INSERT INTO %[1]s (id, key, leased_by, leased_until, attempts) SELECT id, key, l
 				must(t, err)
 				done := make(chan error, 1)
 				go func() { done <- tc.run(ctx, s2, ids) }()
-				waitFor(t, 30*time.Second, "the statement to wait for the locked lease", func() bool {
-					select {
-					case err := <-done:
-						t.Fatalf("the statement did not wait for the locked lease: %v", err)
-					default:
-					}
-					return blockedBy(t, s, blockerPID) > 0
-				})
+				waitingFor(t, s, blockerPID, "the statement to wait for the locked lease", done)
 				var pgErr *pgconn.PgError
 				low, err := lockOne(ids[0], true)
 				if err == nil {
@@ -1239,14 +1232,7 @@ func TestExtendLocksOutboxRowsFirstWithoutStrictOrdering(t *testing.T) {
 		}
 		done <- got
 	}()
-	waitFor(t, 30*time.Second, "Extend to wait for the locked outbox row", func() bool {
-		select {
-		case got := <-done:
-			t.Fatalf("Extend did not wait for the locked outbox row: extended %v", got)
-		default:
-		}
-		return blockedBy(t, s, pid) > 0
-	})
+	waitingFor(t, s, pid, "Extend to wait for the locked outbox row", done)
 	tx, err := s.pool.Begin(ctx)
 	must(t, err)
 	_, err = tx.Exec(ctx, "SELECT id FROM "+s.leases+" WHERE id = ANY($1) FOR UPDATE NOWAIT", ids)
