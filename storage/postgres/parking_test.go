@@ -394,7 +394,7 @@ func TestClaimAfterAnOutageWalksOnlyTheLeadingHeads(t *testing.T) {
 // returns how many rows its walk, the CTE c, produced.
 func claimWalkRows(t *testing.T, s *Storage, batch int) int {
 	t.Helper()
-	out := explainClaimAs(t, s, batch, "EXPLAIN (ANALYZE, FORMAT JSON) ")
+	out := explainClaimAs(t, s, s.q.claim, batch, "EXPLAIN (ANALYZE, FORMAT JSON) ")
 	var plans []struct{ Plan planNode }
 	must(t, json.Unmarshal([]byte(out), &plans))
 	var find func(n planNode) int

@@ -174,6 +174,12 @@ type Storage struct {
 	// nextSweep is when a claim next looks for parked rows that nothing
 	// holds back (unix nanoseconds; see sweepEvery).
 	nextSweep atomic.Int64
+	// nothingHeld: the wake of the last claim found no row held, so the
+	// next claim can be the lean one (strict ordering; see Claim). False at
+	// first, and after this storage's nack, release, or dead-letter with
+	// HoldOnDeadLetter, which may hold rows: the claim after them is a full
+	// one.
+	nothingHeld atomic.Bool
 }
 
 var (

@@ -736,20 +736,24 @@ SELECT g::text, 't', 'k' || (g %% 100), 'delivered', now() FROM generate_series(
 	insert(t, s, in...)
 	_, err = s.pool.Exec(ctx, "ANALYZE "+s.table)
 	must(t, err)
-	plan := explainClaim(t, s, 1000, false)
-	// The lease table holds only the rows in flight: a scan of it is fine.
-	if strings.Contains(plan, "Seq Scan on outbox ") {
-		t.Fatalf("claim plan scans the outbox table:\n%s", plan)
-	}
-	if !strings.Contains(plan, "outbox_ready_idx") {
-		t.Fatalf("claim plan does not use the ready index:\n%s", plan)
+	for _, c := range []string{s.q.claim, s.q.leanClaim} {
+		plan := explainClaimAs(t, s, c, 1000, "EXPLAIN ")
+		// The lease table holds only the rows in flight: a scan of it is fine.
+		if strings.Contains(plan, "Seq Scan on outbox ") {
+			t.Fatalf("claim plan scans the outbox table:\n%s", plan)
+		}
+		if !strings.Contains(plan, "outbox_ready_idx") {
+			t.Fatalf("claim plan does not use the ready index:\n%s", plan)
+		}
 	}
 	// With a record waiting for its retry, the check whether an earlier
 	// record of a key is held reads the held index, one probe a candidate.
 	got := claim(t, s, "w", 1, time.Minute)
 	must(t, s.Nack(ctx, storage.NackParams{ID: got[0].ID, WorkerID: "w", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
-	if plan := explainClaim(t, s, 1000, false); !strings.Contains(plan, "outbox_held_idx") {
-		t.Fatalf("strict check does not use the held index:\n%s", plan)
+	for _, c := range []string{s.q.claim, s.q.leanClaim} {
+		if plan := explainClaimAs(t, s, c, 1000, "EXPLAIN "); !strings.Contains(plan, "outbox_held_idx") {
+			t.Fatalf("strict check does not use the held index:\n%s", plan)
+		}
 	}
 }
 
@@ -772,9 +776,15 @@ func TestClaimPlanWithStaleStatistics(t *testing.T) {
 			_, err = s.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, topic, key, payload)
 SELECT g::text, 't', 'k' || (g %% 1000), convert_to(repeat('x', 256), 'UTF8') FROM generate_series(1, 30000) g`, s.table))
 			must(t, err)
-			plan := explainClaim(t, s, 1000, true)
-			if sortsBacklog(plan, 2000) || !strings.Contains(plan, "Index Scan using outbox_ready_idx") {
-				t.Fatalf("claim over a backlog with stale statistics does not walk the ready index in order:\n%s", plan)
+			claims := []string{s.q.claim}
+			if strict {
+				claims = append(claims, s.q.leanClaim)
+			}
+			for _, c := range claims {
+				plan := explainClaimAs(t, s, c, 1000, "EXPLAIN (ANALYZE, BUFFERS) ")
+				if sortsBacklog(plan, 2000) || !strings.Contains(plan, "Index Scan using outbox_ready_idx") {
+					t.Fatalf("claim over a backlog with stale statistics does not walk the ready index in order:\n%s", plan)
+				}
 			}
 			_, err = s.pool.Exec(ctx, "ANALYZE "+s.table)
 			must(t, err)
@@ -782,17 +792,20 @@ SELECT g::text, 't', 'k' || (g %% 1000), convert_to(repeat('x', 256), 'UTF8') FR
 				got := claim(t, s, "w", 1000, time.Minute)
 				must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: "w"}))
 			}
-			plan = explainClaim(t, s, 1000, true)
-			// (The parking step updates the rows it parks by primary key.)
-			pkey := regexp.MustCompile(`outbox_pkey on outbox (\w+)`).FindAllStringSubmatch(plan, -1)
-			if slices.ContainsFunc(pkey, func(m []string) bool { return m[1] != "parked" }) || !strings.Contains(plan, "Index Scan using outbox_ready_idx") {
-				t.Fatalf("claim after deliveries, with statistics from before, walks the primary key:\n%s", plan)
-			}
-			// The planner settings make some plan nodes "disabled" (a cost of
-			// 1e10), which would make the server JIT-compile every claim
-			// (600 ms here) where jit is on, as on this project's machines.
-			if strings.Contains(plan, "JIT:") {
-				t.Fatalf("the claim is JIT-compiled:\n%s", plan)
+			for _, c := range claims {
+				plan := explainClaimAs(t, s, c, 1000, "EXPLAIN (ANALYZE, BUFFERS) ")
+				// (The parking step updates the rows it parks by primary key.)
+				pkey := regexp.MustCompile(`outbox_pkey on outbox (\w+)`).FindAllStringSubmatch(plan, -1)
+				if slices.ContainsFunc(pkey, func(m []string) bool { return m[1] != "parked" }) || !strings.Contains(plan, "Index Scan using outbox_ready_idx") {
+					t.Fatalf("claim after deliveries, with statistics from before, walks the primary key:\n%s", plan)
+				}
+				// The planner settings make some plan nodes "disabled" (a
+				// cost of 1e10), which would make the server JIT-compile
+				// every claim (600 ms here) where jit is on, as on this
+				// project's machines.
+				if strings.Contains(plan, "JIT:") {
+					t.Fatalf("the claim is JIT-compiled:\n%s", plan)
+				}
 			}
 		})
 	}
@@ -818,12 +831,12 @@ func explainClaim(t testing.TB, s *Storage, batch int, analyze bool, settings ..
 	if analyze {
 		explain = "EXPLAIN (ANALYZE, BUFFERS) "
 	}
-	return explainClaimAs(t, s, batch, explain, settings...)
+	return explainClaimAs(t, s, s.q.claim, batch, explain, settings...)
 }
 
-// explainClaimAs is explainClaim with the EXPLAIN command (and its options)
-// given.
-func explainClaimAs(t testing.TB, s *Storage, batch int, explain string, settings ...string) string {
+// explainClaimAs is explainClaim with the claim statement (the full or the
+// lean one) and the EXPLAIN command (and its options) given.
+func explainClaimAs(t testing.TB, s *Storage, claim string, batch int, explain string, settings ...string) string {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := s.pool.Begin(ctx)
@@ -835,7 +848,7 @@ func explainClaimAs(t testing.TB, s *Storage, batch int, explain string, setting
 	}
 	_, err = tx.Exec(ctx, s.q.plan) // the claim's planner setting
 	must(t, err)
-	rows, err := tx.Query(ctx, explain+s.q.claim, batch, "explain", time.Minute.Microseconds())
+	rows, err := tx.Query(ctx, explain+claim, batch, "explain", time.Minute.Microseconds())
 	must(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	must(t, err)

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -10,15 +11,26 @@ import (
 )
 
 func harness(config Config) storagetest.Harness {
+	return harnessOf(config, func(s *Storage) storage.Storage { return s })
+}
+
+// harnessOf is the harness of the storages wrap makes of config's.
+func harnessOf(config Config, wrap func(*Storage) storage.Storage) storagetest.Harness {
+	unwrap := func(s storage.Storage) *Storage {
+		if l, ok := s.(leanOnly); ok {
+			return l.Storage
+		}
+		return s.(*Storage)
+	}
 	h := storagetest.Harness{
 		New: func(t *testing.T) storage.Storage {
-			return newStore(t, config)
+			return wrap(newStore(t, config))
 		},
 		Insert: func(t *testing.T, s storage.Storage, records ...storage.Record) []int64 {
-			return insert(t, s.(*Storage), records...)
+			return insert(t, unwrap(s), records...)
 		},
 		Inspect: func(t *testing.T, s storage.Storage, id int64) storagetest.State {
-			return storagetest.State(inspect(t, s.(*Storage), id))
+			return storagetest.State(inspect(t, unwrap(s), id))
 		},
 		StrictOrdering: !config.DisableStrictOrdering,
 		Parallel:       true,
@@ -26,7 +38,7 @@ func harness(config Config) storagetest.Harness {
 	if !config.DisableStrictOrdering {
 		hold := config
 		hold.HoldOnDeadLetter = true
-		h.NewHoldOnDeadLetter = func(t *testing.T) storage.Storage { return newStore(t, hold) }
+		h.NewHoldOnDeadLetter = func(t *testing.T) storage.Storage { return wrap(newStore(t, hold)) }
 	}
 	return h
 }
@@ -34,6 +46,22 @@ func harness(config Config) storagetest.Harness {
 func TestContractStrict(t *testing.T) {
 	t.Parallel()
 	storagetest.Run(t, harness(Config{}))
+}
+
+// leanOnly is a strict storage whose every claim is the lean one, whatever
+// is held: the claim a stale answer of the wake before chooses (see Claim).
+type leanOnly struct{ *Storage }
+
+func (l leanOnly) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
+	l.nothingHeld.Store(true)
+	return l.Storage.Claim(ctx, p)
+}
+
+// TestContractStrictLeanClaims: the lean claim alone keeps the contract,
+// strict order included, with rows held, parked and in flight.
+func TestContractStrictLeanClaims(t *testing.T) {
+	t.Parallel()
+	storagetest.Run(t, harnessOf(Config{}, func(s *Storage) storage.Storage { return leanOnly{s} }))
 }
 
 func TestContractNotStrict(t *testing.T) {
