@@ -146,3 +146,33 @@ func TestStaleLeanClaimKeepsOrder(t *testing.T) {
 		t.Fatalf("claimed %v with the %s claim once the head was due, want %v (the rows parked behind it along) with the full one", got, tr.last(t), ids[1:])
 	}
 }
+
+// TestWakeCountsTheRowsItAdopts: a row that a process of schema version 3
+// failed for later (no hold) is given its hold by the next claim's wake,
+// whose snapshot does not show it held: the wake's answer counts it all the
+// same, so the claim after it is the full one, which parks the rows behind
+// it. (Found by review: two lean claims in a row.)
+func TestWakeCountsTheRowsItAdopts(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	base := newStore(t, Config{})
+	s, tr := tracedStore(t, base)
+	ids := insert(t, s, recs("k", "k", "k")...)
+	claim(t, s, "w", 1, time.Minute) // full; hands out ids[0]
+	_, err := s.pool.Exec(ctx, "DELETE FROM "+s.leases+" WHERE id = $1", ids[0])
+	must(t, err)
+	_, err = s.pool.Exec(ctx, "UPDATE "+s.table+" SET due_at = now() + interval '1 hour', last_error = 'x' WHERE id = $1", ids[0])
+	must(t, err)
+	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 || tr.last(t) != "lean" {
+		t.Fatalf("claimed %v with the %s claim, want nothing with the lean one", idsOf(got), tr.last(t))
+	}
+	if h := holdOf(t, s, ids[0]); h != "retry" {
+		t.Fatalf("record %d has hold %q after the wake, want retry", ids[0], h)
+	}
+	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 || tr.last(t) != "full" {
+		t.Fatalf("claimed %v with the %s claim after the wake adopted a row, want nothing with the full one", idsOf(got), tr.last(t))
+	}
+	if h := holdOf(t, s, ids[1]); h != "behind" {
+		t.Fatalf("record %d has hold %q after the full claim, want behind", ids[1], h)
+	}
+}

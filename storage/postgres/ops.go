@@ -527,17 +527,20 @@ cf AS MATERIALIZED (
     SELECT f.id, f.uuid, f.topic, f.key, f.payload, f.metadata, f.attempts, f.created_at, f.expired, false FROM f
     WHERE f.id IN (SELECT cut.id FROM cut)),`, t, okFollower, runKeys, walks, leadRows)
 		// lean is the claim without the followers and the parking: cf is
-		// the walk's first $1 rows. A claim needs neither when no row is
-		// held (nothing is parked, so no row follows a head, and nothing is
-		// to park), and the followers make up about half of the full
-		// claim's plan (two copies of the walk, lw and c, and f), which a
-		// claim pays to start even when they read nothing: 0.15-0.2 ms a
-		// claim of 10 rows, about a third of it. Which one a claim runs is
-		// decided from the wake of the claim before (see Claim); the lean
-		// one keeps order whatever it is told, since its walk checks what
-		// holds a row back in the statement itself (anyheld): rows held
-		// meanwhile stay out, only they are not parked and take nothing
-		// along until the next claim, a full one (its wake sees them).
+		// the walk's first $1 rows (one copy of the walk; lw, lead, f, cut
+		// and park are left out). A claim needs neither when no row is held
+		// (nothing is parked, so no row follows a head, and nothing is to
+		// park), and with nothing held the full claim hands out exactly the
+		// rows the lean one does; but the full claim's plan is twice the
+		// size, and a claim pays to start every node, read or not: 0.15-0.2
+		// ms a claim of 10 rows, about a third of it. Which one a claim runs
+		// is decided from the wake of an earlier claim (see Claim), which
+		// can be stale. The lean one keeps order whatever it is told: its
+		// walk checks in the statement itself what holds a row back
+		// (anyheld, the held probes, the lease map), so rows held meanwhile
+		// stay out; they are only not parked, and a head set free meanwhile
+		// takes no parked rows along, until a full claim (the lean one's own
+		// wake saw them held: usually the next claim).
 		lean := fmt.Sprintf(`cf AS MATERIALIZED (
     SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, c.attempts, c.created_at, c.expired FROM (
     %s
@@ -630,10 +633,11 @@ ins AS (
 SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
 FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotCount-1, head, xmin)
 	}
-	wakeOpen, wakeClose := "", ""
+	adopted, wakeOpen, wakeClose := "", "", ""
 	if strict {
+		adopted = " RETURNING 1"
 		wakeOpen = ",\nwoken AS ("
-		wakeClose = ")\nSELECT " + anyHeld
+		wakeClose = ")\nSELECT " + anyHeld + "\n    OR EXISTS (SELECT 1 FROM adopt)"
 	}
 	// The rows whose retry is due go back to the walk, the 10000 due
 	// first at most per claim. Its own statement, before the claim's, so
@@ -648,15 +652,16 @@ FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotC
 	// between this statement and the claim's.
 	//
 	// With strict ordering it also answers whether any row is held, as its
-	// snapshot shows them (before what it sets free): when none is, the next
-	// claim is the lean one (see lean in the claim, and Claim).
+	// snapshot shows them (before what it sets free, and counting what it
+	// adopts): when none is, the next claim is the lean one (see lean in the
+	// claim, and Claim).
 	wake := fmt.Sprintf(`WITH adopt AS (
     UPDATE %[1]s SET hold = 'retry' WHERE status = 'pending' AND hold IS NULL AND due_at > created_at AND id = ANY(ARRAY(
         SELECT id FROM %[1]s WHERE status = 'pending' AND hold IS NULL AND due_at > created_at AND due_at > (SELECT clock_timestamp())
-        ORDER BY due_at LIMIT 10000 FOR UPDATE SKIP LOCKED)))%[2]s
+        ORDER BY due_at LIMIT 10000 FOR UPDATE SKIP LOCKED))%[2]s)%[3]s
 UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'retry' AND id = ANY(ARRAY(
     SELECT id FROM %[1]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= (SELECT clock_timestamp())
-    ORDER BY due_at LIMIT 10000 FOR UPDATE SKIP LOCKED))%[3]s`, t, wakeOpen, wakeClose)
+    ORDER BY due_at LIMIT 10000 FOR UPDATE SKIP LOCKED))%[4]s`, t, adopted, wakeOpen, wakeClose)
 	extendOutbox, extendIDs := "", "$1" // see extend
 	if !strict {
 		extendIDs = "ARRAY(SELECT m.id FROM m)"
@@ -834,12 +839,12 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 		b.Queue(s.q.planLock, s.table)
 	}
 	b.Queue(s.q.wake)
-	// With strict ordering the claim is the lean one when the wake of the
-	// claim before found nothing held. That answer can be stale (another
-	// storage's nack since, say); the lean claim keeps order all the same
-	// (see lean in buildQueries), and this claim's wake corrects the next.
-	// Concurrent claims of one storage share the answer: whichever wake
-	// answered last decides.
+	// With strict ordering the claim is the lean one when the wake of an
+	// earlier claim found nothing held. That answer can be stale: another
+	// storage's nack since, say, or, with claims of this storage running
+	// side by side, the answer of a wake that ran before this storage's own
+	// nack, stored after it. The lean claim keeps order all the same (see
+	// lean in buildQueries), and this claim's wake corrects the answer.
 	lean := s.q.leanClaim != "" && s.nothingHeld.Load()
 	if lean {
 		b.Queue(s.q.leanClaim, args...)

@@ -176,9 +176,10 @@ type Storage struct {
 	nextSweep atomic.Int64
 	// nothingHeld: the wake of the last claim found no row held, so the
 	// next claim can be the lean one (strict ordering; see Claim). False at
-	// first, and after this storage's nack, release, or dead-letter with
-	// HoldOnDeadLetter, which may hold rows: the claim after them is a full
-	// one.
+	// first, and set false by this storage's nack, release, or dead-letter
+	// with HoldOnDeadLetter, which may hold rows, so that the claim after
+	// them is usually a full one (a claim running beside them may store its
+	// older answer after them).
 	nothingHeld atomic.Bool
 }
 
