@@ -532,8 +532,9 @@ cf AS MATERIALIZED (
 		// (nothing is parked, so no row follows a head, and nothing is to
 		// park), and with nothing held the full claim hands out exactly the
 		// rows the lean one does; but the full claim's plan is twice the
-		// size, and a claim pays to start every node, read or not: 0.15-0.2
-		// ms a claim of 10 rows, about a third of it. Which one a claim runs
+		// size, and a claim pays to start every node, read or not: 0.26 of
+		// the 0.63 ms of server time a small claim took at the median
+		// (docs/benchmarks.md, "The lean claim"). Which one a claim runs
 		// is decided from the wake of an earlier claim (see Claim), which
 		// can be stale. The lean one keeps order whatever it is told: its
 		// walk checks in the statement itself what holds a row back
