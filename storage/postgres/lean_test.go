@@ -71,6 +71,17 @@ func tracedStore(t *testing.T, s *Storage) (*Storage, *claimTracer) {
 	return traced, tr
 }
 
+// claimedWith claims up to batch records as worker "w" and fails the test
+// unless the claim handed out wantIDs, in order, with the claim statement
+// want ("lean" or "full").
+func claimedWith(t *testing.T, s *Storage, tr *claimTracer, batch int, want string, wantIDs ...int64) {
+	t.Helper()
+	got := idsOf(claim(t, s, "w", batch, time.Minute))
+	if c := tr.last(t); !slices.Equal(got, wantIDs) || c != want {
+		t.Fatalf("claimed %v with the %s claim, want %v with the %s one", got, c, wantIDs, want)
+	}
+}
+
 // TestClaimIsLeanWhileNothingIsHeld: a strict claim is the lean one (no
 // followers, no parking) when the wake of the claim before found no row
 // held, and the full one after this storage's nack or release, and while
@@ -81,28 +92,18 @@ func TestClaimIsLeanWhileNothingIsHeld(t *testing.T) {
 	base := newStore(t, Config{})
 	s, tr := tracedStore(t, base)
 	ids := insert(t, s, recs("a", "b", "c", "d")...)
-	step := func(want string, wantIDs ...int64) {
-		t.Helper()
-		got := idsOf(claim(t, s, "w", 1, time.Minute))
-		if !slices.Equal(got, wantIDs) {
-			t.Fatalf("claimed %v, want %v", got, wantIDs)
-		}
-		if c := tr.last(t); c != want {
-			t.Fatalf("the claim of %v was the %s one, want %s", got, c, want)
-		}
-	}
-	step("full", ids[0]) // nothing known yet
-	step("lean", ids[1])
+	claimedWith(t, s, tr, 1, "full", ids[0]) // nothing known yet
+	claimedWith(t, s, tr, 1, "lean", ids[1])
 	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "w"}))
-	step("lean", ids[2])
+	claimedWith(t, s, tr, 1, "lean", ids[2])
 	must(t, s.Release(ctx, storage.ReleaseParams{IDs: ids[2:3], WorkerID: "w", RetryAt: time.Now().Add(time.Hour)}))
-	step("full", ids[3]) // after this storage's release
-	step("full")         // ids[2] waits for its retry
+	claimedWith(t, s, tr, 1, "full", ids[3]) // after this storage's release
+	claimedWith(t, s, tr, 1, "full")         // ids[2] waits for its retry
 	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[3:], WorkerID: "w"}))
 	_, err := s.pool.Exec(ctx, "UPDATE "+s.table+" SET due_at = now(), hold = NULL WHERE id = $1", ids[2])
 	must(t, err)
-	step("full", ids[2]) // the wake before saw the retry
-	step("lean")
+	claimedWith(t, s, tr, 1, "full", ids[2]) // the wake before saw the retry
+	claimedWith(t, s, tr, 1, "lean")
 }
 
 // TestStaleLeanClaimKeepsOrder: another storage's nack holds a key back
@@ -117,34 +118,26 @@ func TestStaleLeanClaimKeepsOrder(t *testing.T) {
 	base := newStore(t, Config{})
 	s, tr := tracedStore(t, base)
 	ids := insert(t, s, recs("k", "k", "k", "k")...)
-	claim(t, s, "w", 1, time.Minute) // full
+	claimedWith(t, s, tr, 1, "full", ids[0])
 	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:1], WorkerID: "w"}))
-	if got := idsOf(claim(t, s, "w", 1, time.Minute)); !slices.Equal(got, ids[1:2]) || tr.last(t) != "lean" {
-		t.Fatalf("claimed %v with the %s claim, want %v with the lean one", got, tr.last(t), ids[1:2])
-	}
+	claimedWith(t, s, tr, 1, "lean", ids[1])
 	// Another storage on the table nacks it: its hint, not this one's,
 	// learns that rows are held now. Its parking leaves out ids[3], as if
 	// another transaction had held it (see TestNackParkingSkipsLockedRows).
 	must(t, base.Nack(ctx, storage.NackParams{ID: ids[1], WorkerID: "w", Error: "down", RetryAt: time.Now().Add(time.Hour)}))
 	_, err := s.pool.Exec(ctx, "UPDATE "+s.table+" SET hold = NULL WHERE id = $1", ids[3])
 	must(t, err)
-	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 || tr.last(t) != "lean" {
-		t.Fatalf("claimed %v with the %s claim while the key's head waits for its retry, want nothing with the lean one", idsOf(got), tr.last(t))
-	}
+	claimedWith(t, s, tr, 10, "lean") // the key's head waits for its retry
 	if h := holdOf(t, s, ids[3]); h != "" {
 		t.Fatalf("record %d has hold %q after the lean claim, want none: it parks nothing", ids[3], h)
 	}
-	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 || tr.last(t) != "full" {
-		t.Fatalf("claimed %v with the %s claim while the key's head waits for its retry, want nothing with the full one", idsOf(got), tr.last(t))
-	}
+	claimedWith(t, s, tr, 10, "full")
 	if h := holdOf(t, s, ids[3]); h != "behind" {
 		t.Fatalf("record %d has hold %q after the full claim met it, want behind", ids[3], h)
 	}
 	_, err = s.pool.Exec(ctx, "UPDATE "+s.table+" SET due_at = now() WHERE id = $1", ids[1])
-	must(t, err) // the retry is due
-	if got := idsOf(claim(t, s, "w", 10, time.Minute)); !slices.Equal(got, ids[1:]) || tr.last(t) != "full" {
-		t.Fatalf("claimed %v with the %s claim once the head was due, want %v (the rows parked behind it along) with the full one", got, tr.last(t), ids[1:])
-	}
+	must(t, err)                                  // the retry is due
+	claimedWith(t, s, tr, 10, "full", ids[1:]...) // the rows parked behind the head along
 }
 
 // TestWakeCountsTheRowsItAdopts: a row that a process of schema version 3
@@ -158,20 +151,16 @@ func TestWakeCountsTheRowsItAdopts(t *testing.T) {
 	base := newStore(t, Config{})
 	s, tr := tracedStore(t, base)
 	ids := insert(t, s, recs("k", "k", "k")...)
-	claim(t, s, "w", 1, time.Minute) // full; hands out ids[0]
+	claimedWith(t, s, tr, 1, "full", ids[0])
 	_, err := s.pool.Exec(ctx, "DELETE FROM "+s.leases+" WHERE id = $1", ids[0])
 	must(t, err)
 	_, err = s.pool.Exec(ctx, "UPDATE "+s.table+" SET due_at = now() + interval '1 hour', last_error = 'x' WHERE id = $1", ids[0])
 	must(t, err)
-	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 || tr.last(t) != "lean" {
-		t.Fatalf("claimed %v with the %s claim, want nothing with the lean one", idsOf(got), tr.last(t))
-	}
+	claimedWith(t, s, tr, 10, "lean")
 	if h := holdOf(t, s, ids[0]); h != "retry" {
 		t.Fatalf("record %d has hold %q after the wake, want retry", ids[0], h)
 	}
-	if got := claim(t, s, "w", 10, time.Minute); len(got) != 0 || tr.last(t) != "full" {
-		t.Fatalf("claimed %v with the %s claim after the wake adopted a row, want nothing with the full one", idsOf(got), tr.last(t))
-	}
+	claimedWith(t, s, tr, 10, "full") // the wake before adopted a row
 	if h := holdOf(t, s, ids[1]); h != "behind" {
 		t.Fatalf("record %d has hold %q after the full claim, want behind", ids[1], h)
 	}

@@ -846,12 +846,11 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 	// side by side, the answer of a wake that ran before this storage's own
 	// nack, stored after it. The lean claim keeps order all the same (see
 	// lean in buildQueries), and this claim's wake corrects the answer.
-	lean := s.q.leanClaim != "" && s.nothingHeld.Load()
-	if lean {
-		b.Queue(s.q.leanClaim, args...)
-	} else {
-		b.Queue(s.q.claim, args...)
+	claim := s.q.claim
+	if s.q.leanClaim != "" && s.nothingHeld.Load() {
+		claim = s.q.leanClaim
 	}
+	b.Queue(claim, args...)
 	// The sweep comes after the claim, so that it holds no row while the
 	// claim's takeover waits for a lease: a late ack holding that lease
 	// could need a row the sweep locked (a review reproduced the deadlock).

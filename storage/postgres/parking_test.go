@@ -209,17 +209,22 @@ func TestFollowersStopAtARowNotParked(t *testing.T) {
 	}
 }
 
-// awaitLockWait waits until a statement on s's table waits for a lock. It
-// looks for the schema's name, which each test has its own of: the server shows
-// a statement's first 1024 bytes only, which need not name the table.
+// awaitLockWait waits until a statement on s's table waits for a lock.
 func awaitLockWait(t *testing.T, s *Storage) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "a statement waiting for a lock", func() bool {
-		var n int
-		must(t, s.pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+	waitFor(t, 30*time.Second, "a statement waiting for a lock", func() bool { return lockWaiters(t, s) > 0 })
+}
+
+// lockWaiters counts the statements on s's tables that wait for a lock. It
+// looks for the name of the schema, which each test has its own of: the
+// server shows a statement's first 1024 bytes only, which need not name the
+// outbox table.
+func lockWaiters(t *testing.T, s *Storage) int {
+	t.Helper()
+	var n int
+	must(t, s.pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
 WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.ident[0]).Scan(&n))
-		return n > 0
-	})
+	return n
 }
 
 // claimAfterExpiry parks n records of key k behind their head, claims them
@@ -895,9 +900,7 @@ INSERT INTO %[1]s (id, key, leased_by, leased_until, attempts) SELECT id, key, l
 	// Both finish, or (before the fix) both wait: the nack for rm, the ack
 	// for r1.
 	waitFor(t, 30*time.Second, "the nack and the late ack to finish or wait", func() bool {
-		var waiting int
-		must(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.ident[0]).Scan(&waiting))
-		return waiting >= 2 || len(nackDone) > 0 && len(ackDone) > 0
+		return lockWaiters(t, s) >= 2 || len(nackDone) > 0 && len(ackDone) > 0
 	})
 	must(t, blocker.Rollback(ctx))
 	for name, done := range map[string]chan error{"nack": nackDone, "late ack": ackDone} {
