@@ -119,7 +119,7 @@ func TestClaimRowsTakeTheRawPath(t *testing.T) {
 	}{{pgx.QueryExecModeCacheStatement, true}, {pgx.QueryExecModeSimpleProtocol, false}} {
 		tx, err := s.pool.Begin(t.Context())
 		must(t, err)
-		rows, err := tx.Query(t.Context(), s.q.claim, tc.mode, 10, "w", time.Minute.Microseconds())
+		rows, err := tx.Query(t.Context(), s.q.claim, append([]any{tc.mode}, claimArgs(s, 10, "w", 0)...)...)
 		must(t, err)
 		if got := rawDecodable(rows.FieldDescriptions()); got != tc.raw {
 			t.Errorf("%v: rawDecodable = %v, want %v (%+v)", tc.mode, got, tc.raw, rows.FieldDescriptions())

@@ -47,15 +47,24 @@
 // keys among the first 64 rows of its walk, an even share of the batch each;
 // the walk then reads only what they leave of the batch): after an outage a
 // key costs a write per claim, not one per row, and a claim walks 64 heads,
-// not a batch of heads it has no room for. A claim that meets a row parked
-// behind rows in flight never parks behind those (their owner's ack takes
-// no lock). A claim then reads the rows it hands out, the rows in flight and the
-// rows right behind those, never the rows held back behind a waiting record:
-// with a 200-thousand-row backlog behind waiting records a claim of 100 costs
-// what it costs with none (TestClaimCostWithHeldRows). Rows behind a record
-// in flight are walked, not parked (the owner's ack, which takes no lock,
-// could miss a row parked meanwhile): a hot key with a long backlog in
-// flight costs a claim a walk over that backlog.
+// not a batch of heads it has no room for.
+//
+// Rows behind a record in flight (a hot key whose backlog waits behind the
+// batch being published) are parked too, by a claim, once claims have been
+// seen to walk far past them: when a claim's walk spanned more than 10,000
+// ids, the next claim parks the rows it passes behind records in flight,
+// if it finds at least 1,000 (a drain with several forwarders passes a few
+// rows of keys in flight at every claim; walking those again costs less
+// than parking them). It locks the leases of those records first, and an
+// ack locks its leases in a statement of its own before the one that reads
+// what to set free, so that the ack of the last record in flight always
+// sees the rows parked behind it. A claim then reads the rows it hands
+// out, the rows in flight and the rows right behind those, never the rows
+// held back behind a waiting record or, once parked, behind a record in
+// flight: with a 200-thousand-row backlog held back either way a claim of
+// 100 costs what it costs with none (TestClaimCostWithHeldRows). Parking
+// costs a write per row, once: with one hot key, the first claims after a
+// relay starts on a backlog of 200 thousand rows take 2.4 s between them.
 //
 // The check whether an earlier row of a candidate's key is in flight reads
 // the lease table once per claim (it holds only the rows in flight) into a

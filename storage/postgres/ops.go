@@ -29,6 +29,18 @@ const runKeys = 16
 // for them before (see followers in buildQueries).
 const leadRows = 4 * runKeys
 
+// parkFlightMin is how many rows behind records in flight a claim must find
+// to park them (see flight in buildQueries): about 0.4 ms of walking them
+// again at every claim, which costs more than parking them once.
+const parkFlightMin = 1000
+
+// walkFar is how many ids a claim's walk may span (from the lowest row not
+// held to the last row it handed out, or to the highest when it came back
+// short) before the storage asks its next claim to look for rows behind
+// records in flight (see Claim). Far below what a hot key's backlog spans,
+// far above what a drain's claims span with a few batches in flight.
+const walkFar = 10000
+
 // slotCount is the number of key slots: the slot column of a row is the hash
 // of its key (its id when keyless) modulo slotCount. Up to slotCount
 // claimers get slots of their own.
@@ -54,6 +66,7 @@ type queries struct {
 	plan, planLock, leave, join           string
 	writePlan, writePlanLock              string
 	extend, wake, unpark, sweep, parkMore string
+	lockLeases                            string
 }
 
 func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead, fence bool) queries {
@@ -112,9 +125,10 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// and the rows in flight, not for the rows held back, however many. Only
 	// a claim parks (under the advisory lock), and only behind a record that
 	// nothing but a claim, or an operator's Skip under the same lock, can set
-	// free: a waiting or parked record, a dead one. Never behind a live lease
-	// (its owner's ack, which takes no lock, could miss the parked row): rows
-	// behind a record in flight are walked, not parked.
+	// free: a waiting or parked record, a dead one. Behind a live lease a
+	// claim parks only the rows it finds behind records in flight when told
+	// to look for them (see flight in the claim), under a lock on those
+	// leases.
 	//
 	// The visibility delay needs no clause here: created_at is taken at
 	// insert (clock_timestamp), so an earlier id is never younger than a row
@@ -422,28 +436,85 @@ i AS (
         ORDER BY o.id
         LIMIT $1%[6]s`, fenceOpen, fenceCol, t, slots, due, fenceClose, held("o", false), unleased("o"))
 		}
-		// park: the held rows of the claimer's own slots that its walk
-		// passed (up to the last walked row it hands out, or all of them when
-		// it did not fill the batch), parkChunk at most. (The CASE keeps the
-		// check a probe per row, as in the walk, rather than a join with
-		// every held row.) It skips rows that another transaction has
-		// locked and never waits for one: the ack of a forwarder whose
-		// leases ran out locks its lease rows and outbox rows one after
-		// the other, and could wait for a lease this claim takes over (tk)
-		// while the claim waited for an outbox row it deletes (a review
-		// reproduced that deadlock). A held row left unparked stays out of
-		// the walk (the held probe), and a later claim parks it.
+		// bound: the last row the walk handed out, or every row when it did
+		// not fill the batch (it walked them all).
+		const bound = "(SELECT CASE WHEN count(*) < $1 THEN 9223372036854775807 ELSE max(cf.id) FILTER (WHERE cf.walked) END FROM cf)"
+		// flight: the rows behind a record in flight that the walk passed
+		// (up to bound), parkChunk at most, in every slot, read when the
+		// storage asks for them (see Claim: when an earlier claim's walk
+		// spanned more than walkFar ids, $4 is parkFlightMin, else 0). A key whose first record is in
+		// flight holds back every row behind it, and without parking each
+		// claim walks past them all until the key's backlog is delivered:
+		// one hot key with 200 thousand rows behind its batch in flight made
+		// every claim take 65 ms instead of 2. Parked, they leave the walk,
+		// and the ack of the key's last record in flight sets the first of
+		// them free (unpark), which the next claim takes with the rows
+		// parked behind it (followers), as after an outage. Parked only
+		// when there are at least $4 of them: a drain with four
+		// forwarders passes a few rows of keys in flight in every claim,
+		// which cost less to walk again than to park and set free.
+		flight := fmt.Sprintf(`pf AS MATERIALIZED (
+    SELECT p.id, p.key FROM %[1]s p
+    WHERE $4::integer > 0 AND p.status = 'pending' AND p.hold IS NULL AND p.key <> ''
+      AND p.slot BETWEEN (SELECT 0) AND (SELECT %[2]d)
+      AND p.id <= %[3]s
+      AND p.id > COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807)
+      AND %[4]s
+    ORDER BY p.id
+    LIMIT %[5]d),`, t, slotCount-1, bound, unleased("p"), parkChunk)
+		// The leases of the keys pf parks behind: every live lease of each,
+		// locked with the takeover's (see tk in the claim).
+		flightLeases := fmt.Sprintf(`
+        UNION ALL
+        SELECT x.id FROM %[1]s x
+        WHERE (SELECT count(*) FROM pf) >= $4::integer AND x.id >= (SELECT id FROM head) AND x.leased_until > (SELECT t FROM clk)
+          AND x.key = ANY(ARRAY(SELECT pf.key FROM pf))`, leases)
+		// park parks what the claim found held back (it never waits for a
+		// row: see below), at the end of the statement, after tk, which
+		// it reads: every lease the claim waits for is locked before it
+		// locks an outbox row. Two kinds of row:
+		//
+		// The held rows of the claimer's own slots that its walk passed (up
+		// to bound), parkChunk at most. (The CASE keeps the check a probe
+		// per row, as in the walk, rather than a join with every held row.)
+		//
+		// The rows of pf behind a lease tk locked and found still live.
+		// The lock is what makes parking behind a record in flight safe:
+		// its owner's ack takes no claim lock, and sets free the first row
+		// parked behind it (unpark) as its snapshot shows them; an ack locks
+		// its leases in a statement of its own before the one that deletes
+		// them and reads what to set free (see Ack), so that either this
+		// claim waited for the ack's commit and found the lease gone (and
+		// parks nothing behind it), or the ack waited for this claim's
+		// commit and its snapshot shows what it parked. (Should an ack of
+		// the key's last record in flight still miss a parked row, when a
+		// lease below the walk's head, not locked here, is the last to go,
+		// the sweep sets the row free.)
+		//
+		// It skips rows that another transaction has locked and never waits
+		// for one: the ack of a forwarder whose leases ran out locks its
+		// lease rows and outbox rows one after the other, and could wait for
+		// a lease this claim takes over (tk) while the claim waited for an
+		// outbox row it deletes (a review reproduced that deadlock). A held
+		// row left unparked stays out of the walk (the held probe), and a
+		// later claim parks it.
 		park := fmt.Sprintf(`park AS (
     UPDATE %[1]s parked SET hold = 'behind' WHERE parked.status = 'pending' AND parked.hold IS NULL AND parked.id = ANY(ARRAY(
-        SELECT p.id FROM %[1]s p
-        WHERE (SELECT g FROM anyheld) AND p.status = 'pending' AND p.hold IS NULL AND p.key <> ''
-          AND p.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)
-          AND p.id <= (SELECT CASE WHEN count(*) < $1 THEN 9223372036854775807 ELSE max(cf.id) FILTER (WHERE cf.walked) END FROM cf)
-          AND %[4]s
-          AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
-        ORDER BY p.id
-        LIMIT %[3]d
-        FOR UPDATE OF p SKIP LOCKED))),`, t, held("p", true), parkChunk, unleased("p"))
+        SELECT q.id FROM %[1]s q WHERE q.status = 'pending' AND q.hold IS NULL AND q.id = ANY(ARRAY(
+            SELECT h.id FROM (
+                SELECT h.id FROM %[1]s h
+                WHERE (SELECT g FROM anyheld) AND h.status = 'pending' AND h.hold IS NULL AND h.key <> ''
+                  AND h.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)
+                  AND h.id <= %[5]s
+                  AND %[4]s
+                  AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
+                ORDER BY h.id
+                LIMIT %[3]d) h
+            UNION ALL
+            SELECT pf.id FROM pf
+            JOIN (SELECT tk.key, min(tk.id) AS first FROM tk WHERE NOT tk.expired GROUP BY tk.key) f ON f.key = pf.key
+            WHERE pf.id > f.first))
+        FOR UPDATE OF q SKIP LOCKED))),`, t, held("h", true), parkChunk, unleased("h"), bound)
 		// lw: the walk's first leadRows rows (the same walk as c, in id
 		// order, so they are the first rows of c), read only when something
 		// is held. Their first runKeys keys (lead) take followers: the rows
@@ -546,7 +617,7 @@ cf AS MATERIALIZED (
     SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, c.attempts, c.created_at, c.expired FROM (
     %s
     LIMIT $1) c),`, walks)
-		strictClaim := func(park, followers string) string {
+		strictClaim := func(followers, flight, flightLeases, park string) string {
 			return fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[13]s),
 hb AS (
     INSERT INTO %[7]s (worker_id, seen_until)
@@ -575,16 +646,17 @@ anyheld AS MATERIALIZED (SELECT %[4]s AS g),
 %[12]s
 %[11]s
 tk AS MATERIALIZED (
-    SELECT l.id, l.key FROM %[2]s l
-    WHERE l.id = ANY(ARRAY(SELECT cf.id FROM cf WHERE cf.expired)) AND l.leased_until <= (SELECT t FROM clk)
+    SELECT l.id, l.key, l.leased_until <= (SELECT t FROM clk) AS expired FROM %[2]s l
+    WHERE l.id = ANY(ARRAY(SELECT cf.id FROM cf WHERE cf.expired%[15]s))
     ORDER BY l.id FOR UPDATE),
+%[16]s
 lost AS MATERIALIZED (
     SELECT cf.key, min(cf.id) AS id FROM cf
-    WHERE cf.expired AND cf.key <> '' AND cf.id NOT IN (SELECT tk.id FROM tk)
+    WHERE cf.expired AND cf.key <> '' AND cf.id NOT IN (SELECT tk.id FROM tk WHERE tk.expired)
     GROUP BY cf.key),
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
-    WHERE l.id = ANY(ARRAY(SELECT tk.id FROM tk WHERE NOT EXISTS (SELECT 1 FROM lost WHERE lost.key = tk.key AND lost.id < tk.id)))
+    WHERE l.id = ANY(ARRAY(SELECT tk.id FROM tk WHERE tk.expired AND NOT EXISTS (SELECT 1 FROM lost WHERE lost.key = tk.key AND lost.id < tk.id)))
       AND l.leased_until <= (SELECT t FROM clk)
     RETURNING l.id, l.attempts),
 ins AS (
@@ -595,10 +667,10 @@ ins AS (
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT cf.id, cf.uuid, cf.topic, cf.key, cf.payload, cf.metadata, a.attempts, cf.created_at
 FROM a JOIN cf ON cf.id = a.id`, t, leases, due, anyHeld, leaseMap, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
-				park, followers, xmin, (memberTTL / 2).Microseconds())
+				flight, followers, xmin, (memberTTL / 2).Microseconds(), flightLeases, park)
 		}
-		claim = strictClaim(park, followers)
-		leanClaim = strictClaim("", lean)
+		claim = strictClaim(followers, flight, flightLeases, park)
+		leanClaim = strictClaim(lean, "", "", "")
 	} else {
 		// The slot condition is always true: it is there so that the planner
 		// walks the pending index (where it is an index condition) rather
@@ -638,7 +710,11 @@ FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotC
 	if strict {
 		adopted = " RETURNING 1"
 		wakeOpen = ",\nwoken AS ("
-		wakeClose = ")\nSELECT " + anyHeld + "\n    OR EXISTS (SELECT 1 FROM adopt)"
+		wakeClose = fmt.Sprintf(`)
+SELECT %[1]s
+    OR EXISTS (SELECT 1 FROM adopt),
+    COALESCE((SELECT o.id FROM %[2]s o WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN (SELECT 0) AND (SELECT %[3]d) ORDER BY o.id LIMIT 1), 0),
+    COALESCE((SELECT o.id FROM %[2]s o WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN (SELECT 0) AND (SELECT %[3]d) ORDER BY o.id DESC LIMIT 1), 0)`, anyHeld, t, slotCount-1)
 	}
 	// The rows whose retry is due go back to the walk, the 10000 due
 	// first at most per claim. Its own statement, before the claim's, so
@@ -655,7 +731,9 @@ FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotC
 	// With strict ordering it also answers whether any row is held, as its
 	// snapshot shows them (before what it sets free, and counting what it
 	// adopts): when none is, the next claim is the lean one (see lean in the
-	// claim, and Claim).
+	// claim, and Claim). And the lowest and the highest id of the rows not
+	// held (two probes of the ready index, 0 when there is none): the span
+	// a walk can cover (see walkFar).
 	wake := fmt.Sprintf(`WITH adopt AS (
     UPDATE %[1]s SET hold = 'retry' WHERE status = 'pending' AND hold IS NULL AND due_at > created_at AND id = ANY(ARRAY(
         SELECT id FROM %[1]s WHERE status = 'pending' AND hold IS NULL AND due_at > created_at AND due_at > (SELECT clock_timestamp())
@@ -669,7 +747,18 @@ UPDATE %[1]s SET hold = NULL WHERE status = 'pending' AND hold = 'retry' AND id 
 		extendOutbox = fmt.Sprintf(`
 m AS MATERIALIZED (SELECT o.id FROM %s o WHERE o.id = ANY($1) AND o.status = 'pending' ORDER BY o.id FOR UPDATE),`, t)
 	}
+	lockLeases := "" // strict ordering only
+	if strict {
+		// An ack (and a dead-letter that sets free) locks its leases in a
+		// statement of its own, in id order, before the statement that
+		// deletes them and reads what to set free, which then takes its
+		// snapshot after every claim that locked one of them to park rows
+		// behind it has committed (see flight in the claim).
+		lockLeases = fmt.Sprintf(`SELECT count(*) FROM (SELECT x.id FROM %s x WHERE x.id = ANY($1) AND x.leased_by = $2 ORDER BY x.id FOR UPDATE) k`, leases)
+	}
 	return queries{
+		lockLeases: lockLeases,
+
 		// "Now" is one clock reading taken once the statement runs, after
 		// its snapshot (and, with strict ordering, after the advisory lock):
 		// not now(), the start of the transaction, which with strict ordering
@@ -841,14 +930,27 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 	}
 	b.Queue(s.q.wake)
 	// With strict ordering the claim is the lean one when the wake of an
-	// earlier claim found nothing held. That answer can be stale: another
-	// storage's nack since, say, or, with claims of this storage running
-	// side by side, the answer of a wake that ran before this storage's own
-	// nack, stored after it. The lean claim keeps order all the same (see
-	// lean in buildQueries), and this claim's wake corrects the answer.
+	// earlier claim found nothing held and that claim's walk did not span
+	// far. Otherwise it is the full one, told ($4) whether to look for rows
+	// behind records in flight to park: when the earlier walk spanned more
+	// than walkFar ids, which is what a hot key's backlog behind its batch
+	// in flight looks like. Both answers can be stale: another storage's
+	// nack since, say, or, with claims of this storage running side by
+	// side, the answer of a wake that ran before this storage's own nack,
+	// stored after it. Either claim keeps order all the same (see lean in
+	// buildQueries); what a stale answer costs is a walk that parks nothing.
+	// This claim's answers replace them.
 	claim := s.q.claim
-	if s.q.leanClaim != "" && s.nothingHeld.Load() {
-		claim = s.q.leanClaim
+	far := s.walkedFar.Load()
+	if s.q.leanClaim != "" {
+		switch {
+		case s.nothingHeld.Load() && !far:
+			claim = s.q.leanClaim
+		case far:
+			args = append(args, s.parkFlightMin)
+		default:
+			args = append(args, 0)
+		}
 	}
 	b.Queue(claim, args...)
 	// The sweep comes after the claim, so that it holds no row while the
@@ -872,13 +974,12 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: planner settings or advisory lock: %w", s.table, err)
 	}
+	var held bool
+	var head, tail int64
 	if s.q.leanClaim == "" {
 		_, err = br.Exec()
 	} else {
-		var held bool
-		if err = br.QueryRow().Scan(&held); err == nil {
-			s.nothingHeld.Store(!held)
-		}
+		err = br.QueryRow().Scan(&held, &head, &tail)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: wake the rows due for a retry: %w", s.table, err)
@@ -890,6 +991,20 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 	recs, err := scanClaimed(rows, s.table, p.BatchSize)
 	if err != nil {
 		return nil, err
+	}
+	if s.q.leanClaim != "" {
+		// The span of this claim's walk: from the lowest row not held to
+		// the last row it handed out, or to the highest when it came back
+		// short (it walked them all).
+		end := tail
+		if len(recs) == p.BatchSize {
+			end = recs[len(recs)-1].ID
+		}
+		// A claim that looked for rows behind records in flight may have
+		// parked some, after its wake looked: the next claim is a full one,
+		// which takes them along when their head is set free.
+		s.nothingHeld.Store(!held && !far)
+		s.walkedFar.Store(head > 0 && end-head > walkFar)
 	}
 	if sweep {
 		if _, err := br.Exec(); err != nil {
@@ -925,10 +1040,25 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 	if len(p.IDs) == 0 {
 		return nil
 	}
-	if err := s.exec(ctx, false, s.q.ack, p.IDs, p.WorkerID); err != nil {
+	if err := s.setFree(ctx, p.IDs, p.WorkerID, s.q.ack, p.IDs, p.WorkerID); err != nil {
 		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
 	}
 	return nil
+}
+
+// setFree runs a write-back that deletes the leases of ids held by worker
+// and sets free the rows parked behind them: with strict ordering the leases
+// are locked first, in a statement of their own (see lockLeases), so that
+// sql reads the parked rows in a snapshot taken once they are locked. One
+// round trip, one (implicit) transaction.
+func (s *Storage) setFree(ctx context.Context, ids []int64, worker, sql string, args ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(s.q.writePlan)
+	if s.q.lockLeases != "" {
+		b.Queue(s.q.lockLeases, ids, worker)
+	}
+	b.Queue(sql, args...)
+	return s.pool.SendBatch(ctx, b).Close()
 }
 
 // Nack implements [storage.Storage].
@@ -987,9 +1117,13 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 	// run out could otherwise fail to take it over (the dead-letter deleted
 	// the lease) and still hand out the next row of its key.
 	lock := s.config.HoldOnDeadLetter && !s.config.DisableStrictOrdering
-	err := s.exec(ctx, lock, s.q.deadLetter, p.ID, p.WorkerID, p.Error)
+	var err error
 	if lock {
+		err = s.exec(ctx, true, s.q.deadLetter, p.ID, p.WorkerID, p.Error)
 		s.nothingHeld.Store(false) // the dead record holds its key now
+	} else {
+		// It sets free the rows parked behind the record, as an ack does.
+		err = s.setFree(ctx, []int64{p.ID}, p.WorkerID, s.q.deadLetter, p.ID, p.WorkerID, p.Error)
 	}
 	if err != nil {
 		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)

@@ -171,8 +171,9 @@ func TestClaimTakesParkedRowsWithTheirHead(t *testing.T) {
 }
 
 // TestNoParkingBehindRowsInFlight: rows taken along behind their head stay
-// parked while in flight, but a row that arrives behind them is not parked
-// behind them: their owner's ack takes no lock and could miss it.
+// parked while in flight, and a row that arrives behind them is not parked
+// behind them by a claim that is not told that walks span far (see
+// flight_test.go for one that is).
 func TestNoParkingBehindRowsInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()

@@ -181,6 +181,13 @@ type Storage struct {
 	// them is usually a full one (a claim running beside them may store its
 	// older answer after them).
 	nothingHeld atomic.Bool
+	// walkedFar: the walk of the last claim spanned more than walkFar ids,
+	// so the next claim is a full one that looks for rows behind records
+	// in flight to park (strict ordering; see Claim).
+	walkedFar atomic.Bool
+	// parkFlightMin is parkFlightMin, which the tests lower to park behind
+	// records in flight with a few rows.
+	parkFlightMin int
 }
 
 var (
@@ -213,6 +220,8 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 		config: config,
 		ident:  ident,
 		table:  ident.Sanitize(),
+
+		parkFlightMin: parkFlightMin,
 	}
 	s.leases = siblingName(ident, "leases")
 	s.workers = siblingName(ident, "workers")

@@ -794,9 +794,10 @@ SELECT g::text, 't', 'k' || (g %% 1000), convert_to(repeat('x', 256), 'UTF8') FR
 			}
 			for _, c := range claims {
 				plan := explainClaimAs(t, s, c, 1000, "EXPLAIN (ANALYZE, BUFFERS) ")
-				// (The parking step updates the rows it parks by primary key.)
+				// (The parking step locks (q) and updates (parked) the rows
+				// it parks by primary key.)
 				pkey := regexp.MustCompile(`outbox_pkey on outbox (\w+)`).FindAllStringSubmatch(plan, -1)
-				if slices.ContainsFunc(pkey, func(m []string) bool { return m[1] != "parked" }) || !strings.Contains(plan, "Index Scan using outbox_ready_idx") {
+				if slices.ContainsFunc(pkey, func(m []string) bool { return m[1] != "parked" && m[1] != "q" }) || !strings.Contains(plan, "Index Scan using outbox_ready_idx") {
 					t.Fatalf("claim after deliveries, with statistics from before, walks the primary key:\n%s", plan)
 				}
 				// The planner settings make some plan nodes "disabled" (a
@@ -848,11 +849,26 @@ func explainClaimAs(t testing.TB, s *Storage, claim string, batch int, explain s
 	}
 	_, err = tx.Exec(ctx, s.q.plan) // the claim's planner setting
 	must(t, err)
-	rows, err := tx.Query(ctx, explain+claim, batch, "explain", time.Minute.Microseconds())
+	args := claimArgs(s, batch, "explain", 1) // parking behind records in flight at one row
+	if claim != s.q.claim {
+		args = args[:3]
+	}
+	rows, err := tx.Query(ctx, explain+claim, args...)
 	must(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	must(t, err)
 	return strings.Join(lines, "\n")
+}
+
+// claimArgs are the arguments of s's claim statement (the full one with
+// strict ordering, told to park behind records in flight at parkFlight
+// rows, 0 for never): batch, worker, a lease of a minute.
+func claimArgs(s *Storage, batch int, worker string, parkFlight int) []any {
+	args := []any{batch, worker, time.Minute.Microseconds()}
+	if s.q.leanClaim != "" {
+		args = append(args, parkFlight)
+	}
+	return args
 }
 
 func must(t testing.TB, err error) {
@@ -1021,7 +1037,7 @@ func TestSlotsShareKeysAmongWorkers(t *testing.T) {
 	defer tx.Rollback(ctx) //nolint:errcheck // read only
 	_, err = tx.Exec(ctx, s.q.plan)
 	must(t, err)
-	rows, err := tx.Query(ctx, "EXPLAIN "+s.q.claim, 100, "w-a", time.Minute.Microseconds())
+	rows, err := tx.Query(ctx, "EXPLAIN "+s.q.claim, claimArgs(s, 100, "w-a", 0)...)
 	must(t, err)
 	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	must(t, err)
@@ -1383,7 +1399,7 @@ func TestCommitFence(t *testing.T) {
 			// The same table without the fence: the later record goes first.
 			tx, err := s.pool.Begin(ctx)
 			must(t, err)
-			rows, err := tx.Query(ctx, unfenced.q.claim, 10, "x", time.Minute.Microseconds())
+			rows, err := tx.Query(ctx, unfenced.q.claim, claimArgs(unfenced, 10, "x", 0)...)
 			must(t, err)
 			n := 0
 			for rows.Next() {

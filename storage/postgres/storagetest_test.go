@@ -17,8 +17,11 @@ func harness(config Config) storagetest.Harness {
 // harnessOf is the harness of the storages wrap makes of config's.
 func harnessOf(config Config, wrap func(*Storage) storage.Storage) storagetest.Harness {
 	unwrap := func(s storage.Storage) *Storage {
-		if l, ok := s.(leanOnly); ok {
-			return l.Storage
+		switch w := s.(type) {
+		case leanOnly:
+			return w.Storage
+		case parkingInFlight:
+			return w.Storage
 		}
 		return s.(*Storage)
 	}
@@ -62,6 +65,30 @@ func (l leanOnly) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 func TestContractStrictLeanClaims(t *testing.T) {
 	t.Parallel()
 	storagetest.Run(t, harnessOf(Config{}, func(s *Storage) storage.Storage { return leanOnly{s} }))
+}
+
+// parkingInFlight is a strict storage whose every claim is a full one that
+// parks every row it passes behind a record in flight: what a claim after a
+// walk over a hot key's backlog does (see flight in buildQueries).
+type parkingInFlight struct{ *Storage }
+
+func (p parkingInFlight) Claim(ctx context.Context, c storage.ClaimParams) ([]storage.Record, error) {
+	p.walkedFar.Store(true)
+	return p.Storage.Claim(ctx, c)
+}
+
+// inFlightParker makes s a parkingInFlight.
+func inFlightParker(s *Storage) storage.Storage {
+	s.parkFlightMin = 1
+	return parkingInFlight{s}
+}
+
+// TestContractStrictParkingInFlight: the contract, strict order included,
+// holds with rows parked behind records in flight at every claim, set free
+// by the acks and dead-letters of those records.
+func TestContractStrictParkingInFlight(t *testing.T) {
+	t.Parallel()
+	storagetest.Run(t, harnessOf(Config{}, inFlightParker))
 }
 
 func TestContractNotStrict(t *testing.T) {
