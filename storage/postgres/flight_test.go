@@ -143,3 +143,91 @@ func TestAckAfterAParkingClaimSetsFree(t *testing.T) {
 		t.Fatalf("claimed %v after the ack of %d, want %d (hold %q)", got, head, behind, holdOf(t, s, behind))
 	}
 }
+
+// TestNoParkingBetweenRecordsInFlight: records e1, e2, e3 of key k are in
+// flight; the worker gives e2 back (a nack due now, or a release) and keeps
+// e1 and e3. A claim parks behind records in flight only the rows after the
+// last of them (p), never e2: the ack of e1 and e3 sets free the first held
+// row after e3, and would pass e2, which would then hold p back with
+// nothing left to set it free until the sweep (a review found it).
+func TestNoParkingBetweenRecordsInFlight(t *testing.T) {
+	t.Parallel()
+	for _, op := range []string{"nack", "release"} {
+		t.Run(op, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			s := newStore(t, Config{})
+			s.nextSweep.Store(time.Now().Add(time.Hour).UnixNano())
+			s.parkFlightMin = 1
+			ids := insert(t, s, rec("k"), rec("k"), rec("k"))
+			e1, e2, e3 := ids[0], ids[1], ids[2]
+			if got := idsOf(claim(t, s, "w", 10, time.Minute)); !slices.Equal(got, ids) {
+				t.Fatalf("claimed %v, want %v", got, ids)
+			}
+			p := insert(t, s, rec("k"))[0]
+			if op == "nack" {
+				must(t, s.Nack(ctx, storage.NackParams{ID: e2, WorkerID: "w", Error: "x", RetryAt: time.Now()}))
+			} else {
+				must(t, s.Release(ctx, storage.ReleaseParams{IDs: []int64{e2}, WorkerID: "w", RetryAt: time.Now()}))
+			}
+			s.walkedFar.Store(true)
+			if got := claim(t, s, "v", 10, time.Minute); len(got) != 0 {
+				t.Fatalf("claimed %v while %d and %d are in flight", idsOf(got), e1, e3)
+			}
+			if h, hp := holdOf(t, s, e2), holdOf(t, s, p); h != "" || hp != "behind" {
+				t.Fatalf("holds %q (%d, between records in flight) and %q (%d, after them), want none and behind", h, e2, hp, p)
+			}
+			must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{e1, e3}, WorkerID: "w"}))
+			var got []int64
+			for range 2 { // the first claim may take e2 alone: it is lean
+				got = append(got, idsOf(claim(t, s, "v", 10, time.Minute))...)
+			}
+			if !slices.Equal(got, []int64{e2, p}) {
+				t.Fatalf("claimed %v with nothing of k in flight, want [%d %d]", got, e2, p)
+			}
+		})
+	}
+}
+
+// TestNoParkingOfRowsWhoseLeaseRanOut: rows whose lease ran out and that
+// nobody took over yet are not parked behind another worker's record in
+// flight: their owner's late ack locks only their leases, and could read
+// what to set free before the parking claim commits (a review stranded a
+// row that way). The row after them is parked, and the ack of the record in
+// flight sets it free.
+func TestNoParkingOfRowsWhoseLeaseRanOut(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	s.nextSweep.Store(time.Now().Add(time.Hour).UnixNano())
+	s.parkFlightMin = 1
+	ids := insert(t, s, rec("k"), rec("k"), rec("k"))
+	a, b, c := ids[0], ids[1], ids[2]
+	if got := idsOf(claim(t, s, "w1", 10, 100*time.Millisecond)); !slices.Equal(got, ids) {
+		t.Fatalf("w1 claimed %v, want %v", got, ids)
+	}
+	waitFor(t, 10*time.Second, "the leases to run out", func() bool {
+		var live bool
+		must(t, s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.leases+" WHERE leased_until > clock_timestamp())").Scan(&live))
+		return !live
+	})
+	if got := idsOf(claim(t, s, "w2", 1, time.Minute)); !slices.Equal(got, []int64{a}) {
+		t.Fatalf("w2 claimed %v, want %d (a takeover)", got, a)
+	}
+	d := insert(t, s, rec("k"))[0]
+	s.walkedFar.Store(true)
+	if got := claim(t, s, "v", 10, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed %v while %d is in flight", idsOf(got), a)
+	}
+	if hb, hc, hd := holdOf(t, s, b), holdOf(t, s, c), holdOf(t, s, d); hb != "" || hc != "" || hd != "behind" {
+		t.Fatalf("holds %q, %q (leases ran out), %q (no lease), want none, none, behind", hb, hc, hd)
+	}
+	must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{a}, WorkerID: "w2"}))
+	var got []int64
+	for range 2 { // the first claim may take b and c alone: it is lean
+		got = append(got, idsOf(claim(t, s, "v", 10, time.Minute))...)
+	}
+	if !slices.Equal(got, []int64{b, c, d}) {
+		t.Fatalf("claimed %v after the ack of %d, want [%d %d %d]", got, a, b, c, d)
+	}
+}

@@ -442,7 +442,10 @@ i AS (
 		// flight: the rows behind a record in flight that the walk passed
 		// (up to bound), parkChunk at most, in every slot, read when the
 		// storage asks for them (see Claim: when an earlier claim's walk
-		// spanned more than walkFar ids, $4 is parkFlightMin, else 0). A key whose first record is in
+		// spanned more than walkFar ids, $4 is parkFlightMin, else 0); rows
+		// with no lease at all (not those whose lease ran out: their owner's
+		// late ack, which locks only its own leases, could race the parking
+		// and miss it, as a review showed). A key whose first record is in
 		// flight holds back every row behind it, and without parking each
 		// claim walks past them all until the key's backlog is delivered:
 		// one hot key with 200 thousand rows behind its batch in flight made
@@ -459,15 +462,15 @@ i AS (
       AND p.slot BETWEEN (SELECT 0) AND (SELECT %[2]d)
       AND p.id <= %[3]s
       AND p.id > COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807)
-      AND %[4]s
+      AND NOT (SELECT m FROM ls) ? p.id::text
     ORDER BY p.id
-    LIMIT %[5]d),`, t, slotCount-1, bound, unleased("p"), parkChunk)
+    LIMIT %[4]d),`, t, slotCount-1, bound, parkChunk)
 		// The leases of the keys pf parks behind: every live lease of each,
 		// locked with the takeover's (see tk in the claim).
 		flightLeases := fmt.Sprintf(`
         UNION ALL
         SELECT x.id FROM %[1]s x
-        WHERE (SELECT count(*) FROM pf) >= $4::integer AND x.id >= (SELECT id FROM head) AND x.leased_until > (SELECT t FROM clk)
+        WHERE $4::integer > 0 AND (SELECT count(*) FROM pf) >= $4::integer AND x.id >= (SELECT id FROM head) AND x.leased_until > (SELECT t FROM clk)
           AND x.key = ANY(ARRAY(SELECT pf.key FROM pf))`, leases)
 		// park parks what the claim found held back (it never waits for a
 		// row: see below), at the end of the statement, after tk, which
@@ -478,8 +481,12 @@ i AS (
 		// to bound), parkChunk at most. (The CASE keeps the check a probe
 		// per row, as in the walk, rather than a join with every held row.)
 		//
-		// The rows of pf behind a lease tk locked and found still live.
-		// The lock is what makes parking behind a record in flight safe:
+		// The rows of pf after the last live lease of their key, all of
+		// which tk locked: the ack of a key's records sets free the first
+		// held row after the highest of its own ids, and would pass a row
+		// parked between two records in flight (a review stranded one so,
+		// behind a record nacked or released between two others). The lock
+		// is what makes parking behind a record in flight safe:
 		// its owner's ack takes no claim lock, and sets free the first row
 		// parked behind it (unpark) as its snapshot shows them; an ack locks
 		// its leases in a statement of its own before the one that deletes
@@ -512,8 +519,8 @@ i AS (
                 LIMIT %[3]d) h
             UNION ALL
             SELECT pf.id FROM pf
-            JOIN (SELECT tk.key, min(tk.id) AS first FROM tk WHERE NOT tk.expired GROUP BY tk.key) f ON f.key = pf.key
-            WHERE pf.id > f.first))
+            JOIN (SELECT tk.key, max(tk.id) AS last FROM tk WHERE NOT tk.expired GROUP BY tk.key) f ON f.key = pf.key
+            WHERE pf.id > f.last))
         FOR UPDATE OF q SKIP LOCKED))),`, t, held("h", true), parkChunk, unleased("h"), bound)
 		// lw: the walk's first leadRows rows (the same walk as c, in id
 		// order, so they are the first rows of c), read only when something
