@@ -23,6 +23,16 @@ func inFlightWithRowBehind(t *testing.T, s *Storage) (head, behind int64) {
 	return head, insert(t, s, rec("k"))[0]
 }
 
+// ackIn runs the statements of worker's ack of ids in tx, which the caller
+// commits: the lease lock, then the ack.
+func ackIn(t *testing.T, tx pgx.Tx, s *Storage, ids []int64, worker string) {
+	t.Helper()
+	_, err := tx.Exec(t.Context(), s.q.lockLeases, ids, worker)
+	must(t, err)
+	_, err = tx.Exec(t.Context(), s.q.ack, ids, worker)
+	must(t, err)
+}
+
 // TestClaimParksBehindARecordInFlight: a claim told that walks span far
 // parks the rows it passes behind a record in flight, and the ack of that
 // record sets the first of them free, which the next claim takes with the
@@ -88,10 +98,7 @@ func TestAckBeforeAParkingClaimStrandsNothing(t *testing.T) {
 	tx, err := s.pool.Begin(ctx)
 	must(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // committed below
-	_, err = tx.Exec(ctx, s.q.lockLeases, []int64{head}, "w")
-	must(t, err)
-	_, err = tx.Exec(ctx, s.q.ack, []int64{head}, "w")
-	must(t, err)
+	ackIn(t, tx, s, []int64{head}, "w")
 	s.walkedFar.Store(true)
 	done := claimAsync(ctx, s)
 	awaitLockWait(t, s) // the claim waits for the lease the ack holds

@@ -198,7 +198,15 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// in one statement: the lease is the fence (a lease taken over by another
 	// worker has another leased_by, so the write-back matches nothing), and
 	// its attempts, which count claims whose lease ran out, go to the row.
-	fenced := func(ids string, returning string) string {
+	fenced := func(ids string, returning string, locked bool) string {
+		if strict && locked {
+			// An ack, and a dead-letter that sets free, lock their leases
+			// in id order in a statement of their own before this one (see
+			// lockLeases): they are its rows already, and the DELETE waits
+			// for none.
+			return fmt.Sprintf(`WITH l AS (DELETE FROM %[1]s x WHERE x.id %[2]s AND x.leased_by = $2 RETURNING %[3]s)
+`, leases, ids, returning)
+		}
 		if strict {
 			// Strict claims hand out rows without locking them (the
 			// advisory lock keeps claimers apart), so the lease is deleted
@@ -211,8 +219,9 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 			//   - The advisory lock, where taken, comes first in its
 			//     transaction.
 			//   - Every statement that waits for lease rows locks them in
-			//     id order: here k (ORDER BY id FOR UPDATE), the claim's
-			//     takeover (tk), Extend (k).
+			//     id order: here k (ORDER BY id FOR UPDATE), or for an ack
+			//     and a dead-letter that sets free the statement before
+			//     (lockLeases), the claim's takeover (tk), Extend (k).
 			//   - Only a write-back waits for outbox rows (operator
 			//     statements aside, which touch dead rows only), and only
 			//     for rows whose lease it has locked and still holds (k): no
@@ -259,15 +268,15 @@ l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 RETURNING 
 	// claim and ack of 1000 rows took, against about 6 now (BenchmarkClaimAck).
 	// The delivered table keeps what Stats, Purge and an audit need, without
 	// the payload; the outbox table holds only pending and dead rows.
-	ack := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
+	ack := fenced("= ANY($1)", "x.id, x.attempts", false) + fmt.Sprintf(`, d AS (
     DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error)
 INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
 SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d`, t, delivered)
 	if deleteOnAck {
-		ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
+		ack = fenced("= ANY($1)", "x.id", false) + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	}
-	deadLetter := fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
+	deadLetter := fenced("= $1", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	sweepDead := ""
 	if holdDead {
@@ -277,12 +286,12 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	// A nacked or released row due later waits in the retry index.
 	nackSet := `attempts = l.attempts, last_error = $3, due_at = $4,
     hold = CASE WHEN $4::timestamptz > clock_timestamp() THEN 'retry' END`
-	nack := fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET %s
+	nack := fenced("= $1", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, nackSet)
 	parkMore := "" // strict ordering only
 	releaseSet := `attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
     hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry'`
-	release := fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET %s END
+	release := fenced("= ANY($1)", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s END
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
 	if strict {
 		// A nack that holds its key (a retry later, or a failure that
@@ -317,7 +326,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
         FOR UPDATE SKIP LOCKED)))
 SELECT (SELECT count(*) FROM x WHERE x.hold IS NULL), (SELECT COALESCE(max(x.id), 0) FROM x), %[3]s, (SELECT COALESCE(min(x.key), '') FROM x)`, t, leases, from)
 		}
-		nack = fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`, n AS (
+		nack = fenced("= $1", "x.id, x.attempts", false) + fmt.Sprintf(`, n AS (
     UPDATE %[1]s o SET %[5]s
     FROM l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.key, o.hold),
@@ -337,11 +346,11 @@ x AS (
     ORDER BY b.id LIMIT %[2]d),
 %[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"))
 		// Released rows behind a held record are parked at once.
-		release = fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s THEN 'behind' END
+		release = fenced("= ANY($1)", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s THEN 'behind' END
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet, held("o", true))
 		// A delivered record sets free the rows parked behind it, and so
 		// does a dead one unless dead records hold their key.
-		ack = fenced("= ANY($1)", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
+		ack = fenced("= ANY($1)", "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
     DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error),
 i AS (
@@ -349,11 +358,11 @@ i AS (
     SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d)
 %s`, t, delivered, unpark)
 		if deleteOnAck {
-			ack = fenced("= ANY($1)", "x.id") + fmt.Sprintf(`, d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key)
+			ack = fenced("= ANY($1)", "x.id", true) + fmt.Sprintf(`, d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key)
 %s`, t, unpark)
 		}
 		if !holdDead {
-			deadLetter = fenced("= $1", "x.id, x.attempts") + fmt.Sprintf(`, d AS (
+			deadLetter = fenced("= $1", "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
     UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
     FROM l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key)
 %s`, t, unpark)

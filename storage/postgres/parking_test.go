@@ -255,8 +255,7 @@ func TestLateAckRacingAClaimStrandsNothing(t *testing.T) {
 	tx, err := s.pool.Begin(ctx)
 	must(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // committed below
-	_, err = tx.Exec(ctx, s.q.ack, ids, "w")
-	must(t, err)
+	ackIn(t, tx, s, ids, "w")
 	done := make(chan error, 1)
 	go func() {
 		// The same worker: its own key slots hold the key (a claim parks
@@ -283,8 +282,7 @@ func TestReleaseRacingAnAckStrandsNothing(t *testing.T) {
 	tx, err := s.pool.Begin(ctx)
 	must(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // committed below
-	_, err = tx.Exec(ctx, s.q.ack, ids[:2], "w")
-	must(t, err)
+	ackIn(t, tx, s, ids[:2], "w")
 	done := make(chan error, 1)
 	go func() {
 		done <- s.Release(ctx, storage.ReleaseParams{IDs: ids[2:], WorkerID: "w", RetryAt: time.Now()})
