@@ -125,9 +125,9 @@ func claimCost(t testing.TB, s *Storage) (first, median time.Duration) {
 }
 
 // TestClaimCostWithHeldRows: a claim's cost does not grow with the rows held
-// back behind records waiting for their retry or in flight: at 200k held rows the median
-// claim of 100 is within 3x of the claim with none (a generous bound for a
-// busy machine; the figures go to the benchmark, with
+// back behind records waiting for their retry or in flight: at 200k held
+// rows the median claim of 100 is within 3x of the claim with none (a
+// generous bound for a busy machine; the figures go to the benchmark, with
 // TXOUTBOX_HELD_SIZES=0,200000,1000000 -run TestClaimCostWithHeldRows -v).
 func TestClaimCostWithHeldRows(t *testing.T) {
 	if testing.Short() {

@@ -29,16 +29,23 @@ const runKeys = 16
 // for them before (see followers in buildQueries).
 const leadRows = 4 * runKeys
 
-// parkFlightMin is how many rows behind records in flight a claim must find
-// to park them (see flight in buildQueries): about 0.4 ms of walking them
-// again at every claim, which costs more than parking them once.
-const parkFlightMin = 1000
+// flightSample is how many of the rows behind records in flight that its
+// walk passed a claim told to look for them reads (see flight in
+// buildQueries): about 1 ms.
+const flightSample = 2000
+
+// parkFlightMin is how many rows of one key among them make a claim park
+// the key's backlog behind its records in flight (see flight in
+// buildQueries). In a drain over many keys with several forwarders a claim
+// passes a few rows of each key in flight, which cost less to walk again
+// than to park; a hot key's backlog is most of the sample.
+const parkFlightMin = 100
 
 // walkFar is how many ids a claim's walk may span (from the lowest row not
-// held to the last row it handed out, or to the highest when it came back
-// short) before the storage asks its next claim to look for rows behind
-// records in flight (see Claim). Far below what a hot key's backlog spans,
-// far above what a drain's claims span with a few batches in flight.
+// held to the last row it handed out) before the storage asks its next
+// claim to look for rows behind records in flight (see Claim). Far below
+// what a hot key's backlog spans, far above what a drain's claims span with
+// a few batches in flight.
 const walkFar = 10000
 
 // slotCount is the number of key slots: the slot column of a row is the hash
@@ -448,23 +455,29 @@ i AS (
 		// bound: the last row the walk handed out, or every row when it did
 		// not fill the batch (it walked them all).
 		const bound = "(SELECT CASE WHEN count(*) < $1 THEN 9223372036854775807 ELSE max(cf.id) FILTER (WHERE cf.walked) END FROM cf)"
-		// flight: the rows behind a record in flight that the walk passed
-		// (up to bound), parkChunk at most, in every slot, read when the
-		// storage asks for them (see Claim: when an earlier claim's walk
-		// spanned more than walkFar ids, $4 is parkFlightMin, else 0); rows
-		// with no lease at all (not those whose lease ran out: their owner's
+		// flight: a hot key's backlog behind its records in flight. A key
+		// whose first record is in flight holds back every row behind it,
+		// and without parking each claim walks past them all until the
+		// key's backlog is delivered: one hot key with 200 thousand rows
+		// behind its batch in flight made every claim take 65 ms instead of
+		// 2. Parked, they leave the walk, and the ack of the key's last
+		// record in flight sets the first of them free (unpark), which the
+		// next claim takes with the rows parked behind it (followers), as
+		// after an outage.
+		//
+		// Only when the storage asks ($4 > 0, see Claim: an earlier
+		// claim's walk spanned more than walkFar ids). pf is a sample: the
+		// first flightSample rows behind a record in flight that the walk
+		// passed (up to bound), in every slot. hot is the keys with at least
+		// $4 of them: a drain over many keys passes a few rows of each key
+		// in flight, and parking them all sent four forwarders into the
+		// outage's pace (a batch of 1000 at 1 ms went from 25k to 12k
+		// messages a second). What is parked of a hot key is its rows after
+		// its last live lease (which tk locks, see park) and after its last
+		// held row, read through the key index, parkChunk at most; rows with
+		// no lease row at all (not those whose lease ran out: their owner's
 		// late ack, which locks only its own leases, could race the parking
-		// and miss it, as a review showed). A key whose first record is in
-		// flight holds back every row behind it, and without parking each
-		// claim walks past them all until the key's backlog is delivered:
-		// one hot key with 200 thousand rows behind its batch in flight made
-		// every claim take 65 ms instead of 2. Parked, they leave the walk,
-		// and the ack of the key's last record in flight sets the first of
-		// them free (unpark), which the next claim takes with the rows
-		// parked behind it (followers), as after an outage. Parked only
-		// when there are at least $4 of them: a drain with four
-		// forwarders passes a few rows of keys in flight in every claim,
-		// which cost less to walk again than to park and set free.
+		// and miss it, as a review showed).
 		flight := fmt.Sprintf(`pf AS MATERIALIZED (
     SELECT p.id, p.key FROM %[1]s p
     WHERE $4::integer > 0 AND p.status = 'pending' AND p.hold IS NULL AND p.key <> ''
@@ -473,14 +486,16 @@ i AS (
       AND p.id > COALESCE(((SELECT m FROM hm) ->> p.key)::bigint, 9223372036854775807)
       AND NOT (SELECT m FROM ls) ? p.id::text
     ORDER BY p.id
-    LIMIT %[4]d),`, t, slotCount-1, bound, parkChunk)
-		// The leases of the keys pf parks behind: every live lease of each,
-		// locked with the takeover's (see tk in the claim).
+    LIMIT %[4]d),
+hot AS MATERIALIZED (
+    SELECT pf.key FROM pf GROUP BY pf.key HAVING count(*) >= $4::integer),`, t, slotCount-1, bound, flightSample)
+		// The leases of the hot keys: every live lease of each, locked with
+		// the takeover's (see tk in the claim).
 		flightLeases := fmt.Sprintf(`
         UNION ALL
         SELECT x.id FROM %[1]s x
-        WHERE $4::integer > 0 AND (SELECT count(*) FROM pf) >= $4::integer AND x.id >= (SELECT id FROM head) AND x.leased_until > (SELECT t FROM clk)
-          AND x.key = ANY(ARRAY(SELECT pf.key FROM pf))`, leases)
+        WHERE EXISTS (SELECT 1 FROM hot) AND x.id >= (SELECT id FROM head) AND x.leased_until > (SELECT t FROM clk)
+          AND x.key = ANY(ARRAY(SELECT hot.key FROM hot))`, leases)
 		// park parks what the claim found held back (it never waits for a
 		// row: see below), at the end of the statement, after tk, which
 		// it reads: every lease the claim waits for is locked before it
@@ -490,7 +505,7 @@ i AS (
 		// to bound), parkChunk at most. (The CASE keeps the check a probe
 		// per row, as in the walk, rather than a join with every held row.)
 		//
-		// The rows of pf after the last live lease of their key, all of
+		// The backlog of each hot key after its last live lease, all of
 		// which tk locked: the ack of a key's records sets free the first
 		// held row after the highest of its own ids, and would pass a row
 		// parked between two records in flight (a review stranded one so,
@@ -527,9 +542,16 @@ i AS (
                 ORDER BY h.id
                 LIMIT %[3]d) h
             UNION ALL
-            SELECT pf.id FROM pf
-            JOIN (SELECT tk.key, max(tk.id) AS last FROM tk WHERE NOT tk.expired GROUP BY tk.key) f ON f.key = pf.key
-            WHERE pf.id > f.last))
+            SELECT r.id FROM (
+                SELECT tk.key, max(tk.id) AS last FROM tk WHERE NOT tk.expired AND tk.key IN (SELECT hot.key FROM hot) GROUP BY tk.key) f
+            CROSS JOIN LATERAL (
+                SELECT b.id FROM %[1]s b
+                WHERE b.status = 'pending' AND b.key <> '' AND b.key <= f.key
+                  AND (b.key, b.id) > (f.key, GREATEST(f.last, COALESCE((
+                      SELECT max(e.id) FROM %[1]s e WHERE e.status = 'pending' AND e.hold IS NOT NULL AND e.key = f.key), 0)))
+                  AND b.hold IS NULL AND NOT (SELECT m FROM ls) ? b.id::text
+                ORDER BY b.key, b.id
+                LIMIT %[3]d) r))
         FOR UPDATE OF q SKIP LOCKED))),`, t, held("h", true), parkChunk, unleased("h"), bound)
 		// lw: the walk's first leadRows rows (the same walk as c, in id
 		// order, so they are the first rows of c), read only when something
@@ -729,8 +751,7 @@ FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotC
 		wakeClose = fmt.Sprintf(`)
 SELECT %[1]s
     OR EXISTS (SELECT 1 FROM adopt),
-    COALESCE((SELECT o.id FROM %[2]s o WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN (SELECT 0) AND (SELECT %[3]d) ORDER BY o.id LIMIT 1), 0),
-    COALESCE((SELECT o.id FROM %[2]s o WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN (SELECT 0) AND (SELECT %[3]d) ORDER BY o.id DESC LIMIT 1), 0)`, anyHeld, t, slotCount-1)
+    COALESCE((SELECT o.id FROM %[2]s o WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN (SELECT 0) AND (SELECT %[3]d) ORDER BY o.id LIMIT 1), 0)`, anyHeld, t, slotCount-1)
 	}
 	// The rows whose retry is due go back to the walk, the 10000 due
 	// first at most per claim. Its own statement, before the claim's, so
@@ -747,9 +768,9 @@ SELECT %[1]s
 	// With strict ordering it also answers whether any row is held, as its
 	// snapshot shows them (before what it sets free, and counting what it
 	// adopts): when none is, the next claim is the lean one (see lean in the
-	// claim, and Claim). And the lowest and the highest id of the rows not
-	// held (two probes of the ready index, 0 when there is none): the span
-	// a walk can cover (see walkFar).
+	// claim, and Claim). And the lowest id of the rows not held (a probe of
+	// the ready index, 0 when there is none): where a walk starts (see
+	// walkFar).
 	wake := fmt.Sprintf(`WITH adopt AS (
     UPDATE %[1]s SET hold = 'retry' WHERE status = 'pending' AND hold IS NULL AND due_at > created_at AND id = ANY(ARRAY(
         SELECT id FROM %[1]s WHERE status = 'pending' AND hold IS NULL AND due_at > created_at AND due_at > (SELECT clock_timestamp())
@@ -947,10 +968,10 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 	b.Queue(s.q.wake)
 	// With strict ordering the claim is the lean one when the wake of an
 	// earlier claim found nothing held and that claim's walk did not span
-	// far. Otherwise it is the full one, told ($4) whether to look for rows
-	// behind records in flight to park: when the earlier walk spanned more
-	// than walkFar ids, which is what a hot key's backlog behind its batch
-	// in flight looks like. Both answers can be stale: another storage's
+	// far. Otherwise it is the full one, told ($4) whether to look for a hot
+	// key's backlog behind its records in flight to park, and how many rows
+	// of the sample make a key hot: when the earlier walk spanned more than
+	// walkFar ids, which is what such a backlog looks like. Both answers can be stale: another storage's
 	// nack since, say, or, with claims of this storage running side by
 	// side, the answer of a wake that ran before this storage's own nack,
 	// stored after it. Either claim keeps order all the same (see lean in
@@ -991,11 +1012,11 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 		return nil, fmt.Errorf("claim outbox rows from %s: planner settings or advisory lock: %w", s.table, err)
 	}
 	var held bool
-	var head, tail int64
+	var head int64
 	if s.q.leanClaim == "" {
 		_, err = br.Exec()
 	} else {
-		err = br.QueryRow().Scan(&held, &head, &tail)
+		err = br.QueryRow().Scan(&held, &head)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows from %s: wake the rows due for a retry: %w", s.table, err)
@@ -1009,18 +1030,15 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 		return nil, err
 	}
 	if s.q.leanClaim != "" {
-		// The span of this claim's walk: from the lowest row not held to
-		// the last row it handed out, or to the highest when it came back
-		// short (it walked them all).
-		end := tail
-		if len(recs) == p.BatchSize {
-			end = recs[len(recs)-1].ID
-		}
 		// A claim that looked for rows behind records in flight may have
 		// parked some, after its wake looked: the next claim is a full one,
-		// which takes them along when their head is set free.
+		// which takes them along when their head is set free. The span of
+		// this claim's walk: from the lowest row not held to the last row
+		// it handed out (a claim that found nothing tells nothing: an idle
+		// poll, or a backlog all behind records in flight, which the next
+		// rows written after it show).
 		s.nothingHeld.Store(!held && !far)
-		s.walkedFar.Store(head > 0 && end-head > walkFar)
+		s.walkedFar.Store(len(recs) > 0 && head > 0 && recs[len(recs)-1].ID-head > walkFar)
 	}
 	if sweep {
 		if _, err := br.Exec(); err != nil {
