@@ -238,3 +238,55 @@ func TestNoParkingOfRowsWhoseLeaseRanOut(t *testing.T) {
 		t.Fatalf("claimed %v after the ack of %d, want [%d %d %d]", got, a, b, c, d)
 	}
 }
+
+// TestParkingWaitsForLateAcksOfItsKey: records taken along behind their
+// head stay parked while in flight; their lease runs out, another worker
+// takes over the head and the first of them, and their first owner's late
+// ack of the rest is under way when a claim parks the key's backlog behind
+// them. The claim waits for that ack (it locks every lease of the key,
+// live or run out), so the ack of the records taken over then sets the
+// backlog free. Without the wait, the late ack read what to set free before
+// the parking, the other ack found the late ack's rows locked and skipped
+// them, and the backlog stayed parked until the sweep (a review).
+func TestParkingWaitsForLateAcksOfItsKey(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	s.nextSweep.Store(time.Now().Add(time.Hour).UnixNano())
+	ids := parkBehindHead(t, s, "k", 5)
+	if got := idsOf(claim(t, s, "b", 10, 100*time.Millisecond)); !slices.Equal(got, ids) {
+		t.Fatalf("b claimed %v, want %v", got, ids)
+	}
+	waitFor(t, 10*time.Second, "the leases to run out", func() bool {
+		var live bool
+		must(t, s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.leases+" WHERE leased_until > clock_timestamp())").Scan(&live))
+		return !live
+	})
+	if got := idsOf(claim(t, s, "c", 2, time.Minute)); !slices.Equal(got, ids[:2]) {
+		t.Fatalf("c claimed %v, want %v (a takeover)", got, ids[:2])
+	}
+	backlog := insert(t, s, rec("k"), rec("k"), rec("k"))
+	s.parkFlightMin = 1
+	tx, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer tx.Rollback(ctx)        //nolint:errcheck // committed below
+	ackIn(t, tx, s, ids[2:], "b") // b's late ack, not committed yet
+	s.walkedFar.Store(true)
+	done := claimAsync(ctx, s)
+	awaitLockWait(t, s) // the parking claim waits for b's leases
+	must(t, tx.Commit(ctx))
+	if r := <-done; r.err != nil || len(r.recs) != 0 {
+		t.Fatalf("claim beside the late ack: %v, %v; want nothing (%v are in flight)", idsOf(r.recs), r.err, ids[:2])
+	}
+	if h := holdOf(t, s, backlog[0]); h != "behind" {
+		t.Fatalf("record %d has hold %q behind records in flight, want behind", backlog[0], h)
+	}
+	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "c"}))
+	var got []int64
+	for range 2 { // the first claim may take the first row alone: it is lean
+		got = append(got, idsOf(claim(t, s, "v", 10, time.Minute))...)
+	}
+	if !slices.Equal(got, backlog) {
+		t.Fatalf("claimed %v after every ack, want %v", got, backlog)
+	}
+}

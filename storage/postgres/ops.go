@@ -395,8 +395,10 @@ i AS (
 		// with no lease row gets one by a plain INSERT (nothing else inserts
 		// leases meanwhile), and a row whose lease ran out is taken over by
 		// an UPDATE of that lease. The takeover locks the leases first, in
-		// id order (tk), waiting for those another transaction holds, and
-		// re-checks them then: a lease its owner's write-back deleted
+		// id order (tk, which also locks the leases of the keys whose
+		// backlog the claim parks, see flight: only the leases of rows it
+		// hands out are taken over), waiting for those another transaction
+		// holds, and re-checks them then: a lease its owner's write-back deleted
 		// meanwhile is not taken over, and neither is a lease its owner
 		// extended meanwhile (its clock read before the lease ran out, its
 		// commit after this claim's snapshot). Either way the rows of its
@@ -473,11 +475,9 @@ i AS (
 		// in flight, and parking them all sent four forwarders into the
 		// outage's pace (a batch of 1000 at 1 ms went from 25k to 12k
 		// messages a second). What is parked of a hot key is its rows after
-		// its last live lease (which tk locks, see park) and after its last
+		// its last lease (tk locks them all, see park) and after its last
 		// held row, read through the key index, parkChunk at most; rows with
-		// no lease row at all (not those whose lease ran out: their owner's
-		// late ack, which locks only its own leases, could race the parking
-		// and miss it, as a review showed).
+		// no lease row at all.
 		flight := fmt.Sprintf(`pf AS MATERIALIZED (
     SELECT p.id, p.key FROM %[1]s p
     WHERE $4::integer > 0 AND p.status = 'pending' AND p.hold IS NULL AND p.key <> ''
@@ -489,13 +489,17 @@ i AS (
     LIMIT %[4]d),
 hot AS MATERIALIZED (
     SELECT pf.key FROM pf GROUP BY pf.key HAVING count(*) >= $4::integer),`, t, slotCount-1, bound, flightSample)
-		// The leases of the hot keys: every live lease of each, locked with
-		// the takeover's (see tk in the claim).
+		// The leases of the hot keys: every lease of each, live or run out,
+		// locked with the takeover's (see tk in the claim), so that every
+		// write-back that deletes one of them either comes before this claim
+		// or sees what it parked. All of them, not only those from the head
+		// on (as ls and hm read them): a record taken along behind its head
+		// stays parked while in flight, and can be below the head once its
+		// head is delivered.
 		flightLeases := fmt.Sprintf(`
         UNION ALL
         SELECT x.id FROM %[1]s x
-        WHERE EXISTS (SELECT 1 FROM hot) AND x.id >= (SELECT id FROM head) AND x.leased_until > (SELECT t FROM clk)
-          AND x.key = ANY(ARRAY(SELECT hot.key FROM hot))`, leases)
+        WHERE EXISTS (SELECT 1 FROM hot) AND x.key = ANY(ARRAY(SELECT hot.key FROM hot))`, leases)
 		// park parks what the claim found held back (it never waits for a
 		// row: see below), at the end of the statement, after tk, which
 		// it reads: every lease the claim waits for is locked before it
@@ -505,12 +509,16 @@ hot AS MATERIALIZED (
 		// to bound), parkChunk at most. (The CASE keeps the check a probe
 		// per row, as in the walk, rather than a join with every held row.)
 		//
-		// The backlog of each hot key after its last live lease, all of
-		// which tk locked: the ack of a key's records sets free the first
-		// held row after the highest of its own ids, and would pass a row
-		// parked between two records in flight (a review stranded one so,
-		// behind a record nacked or released between two others). The lock
-		// is what makes parking behind a record in flight safe:
+		// The backlog of each hot key after its last lease, live or run
+		// out, all of which tk locked, and after its last held row: the ack
+		// of a key's records sets free the first held row after the highest
+		// of its own ids, and would pass a row parked between two records in
+		// flight (a review stranded one so, behind a record nacked or
+		// released between two others), and a late ack of records taken
+		// along behind their head, whose lease ran out, would miss a row
+		// parked behind them if the claim did not wait for it (another
+		// review). The lock is what makes parking behind a record in flight
+		// safe:
 		// its owner's ack takes no claim lock, and sets free the first row
 		// parked behind it (unpark) as its snapshot shows them; an ack locks
 		// its leases in a statement of its own before the one that deletes
@@ -543,7 +551,7 @@ hot AS MATERIALIZED (
                 LIMIT %[3]d) h
             UNION ALL
             SELECT r.id FROM (
-                SELECT tk.key, max(tk.id) AS last FROM tk WHERE NOT tk.expired AND tk.key IN (SELECT hot.key FROM hot) GROUP BY tk.key) f
+                SELECT tk.key, max(tk.id) AS last FROM tk WHERE tk.key IN (SELECT hot.key FROM hot) GROUP BY tk.key) f
             CROSS JOIN LATERAL (
                 SELECT b.id FROM %[1]s b
                 WHERE b.status = 'pending' AND b.key <> '' AND b.key <= f.key
@@ -684,17 +692,17 @@ anyheld AS MATERIALIZED (SELECT %[4]s AS g),
 %[12]s
 %[11]s
 tk AS MATERIALIZED (
-    SELECT l.id, l.key, l.leased_until <= (SELECT t FROM clk) AS expired FROM %[2]s l
+    SELECT l.id, l.key, l.leased_until <= (SELECT t FROM clk) AND l.id = ANY(ARRAY(SELECT cf.id FROM cf WHERE cf.expired)) AS takeover FROM %[2]s l
     WHERE l.id = ANY(ARRAY(SELECT cf.id FROM cf WHERE cf.expired%[15]s))
     ORDER BY l.id FOR UPDATE),
 %[16]s
 lost AS MATERIALIZED (
     SELECT cf.key, min(cf.id) AS id FROM cf
-    WHERE cf.expired AND cf.key <> '' AND cf.id NOT IN (SELECT tk.id FROM tk WHERE tk.expired)
+    WHERE cf.expired AND cf.key <> '' AND cf.id NOT IN (SELECT tk.id FROM tk WHERE tk.takeover)
     GROUP BY cf.key),
 up AS (
     UPDATE %[2]s l SET leased_by = $2, leased_until = %[6]s, attempts = l.attempts + 1
-    WHERE l.id = ANY(ARRAY(SELECT tk.id FROM tk WHERE tk.expired AND NOT EXISTS (SELECT 1 FROM lost WHERE lost.key = tk.key AND lost.id < tk.id)))
+    WHERE l.id = ANY(ARRAY(SELECT tk.id FROM tk WHERE tk.takeover AND NOT EXISTS (SELECT 1 FROM lost WHERE lost.key = tk.key AND lost.id < tk.id)))
       AND l.leased_until <= (SELECT t FROM clk)
     RETURNING l.id, l.attempts),
 ins AS (
