@@ -269,8 +269,9 @@ func TestParkingWaitsForLateAcksOfItsKey(t *testing.T) {
 	s.parkFlightMin = 1
 	tx, err := s.pool.Begin(ctx)
 	must(t, err)
-	defer tx.Rollback(ctx)        //nolint:errcheck // committed below
-	ackIn(t, tx, s, ids[2:], "b") // b's late ack, not committed yet
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	// b's late ack, not committed yet.
+	ackIn(t, tx, s, ids[2:], "b")
 	s.walkedFar.Store(true)
 	done := claimAsync(ctx, s)
 	awaitLockWait(t, s) // the parking claim waits for b's leases
