@@ -132,10 +132,10 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// and the rows in flight, not for the rows held back, however many. Only
 	// a claim parks (under the advisory lock), and only behind a record that
 	// nothing but a claim, or an operator's Skip under the same lock, can set
-	// free: a waiting or parked record, a dead one. Behind a live lease a
-	// claim parks only the rows it finds behind records in flight when told
-	// to look for them (see flight in the claim), under a lock on those
-	// leases.
+	// free: a waiting or parked record, a dead one. Behind a record in
+	// flight a claim parks only a hot key's backlog, when told to look for
+	// one (see flight in the claim), under a lock on every lease of the
+	// key.
 	//
 	// The visibility delay needs no clause here: created_at is taken at
 	// insert (clock_timestamp), so an earlier id is never younger than a row

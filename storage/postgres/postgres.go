@@ -179,7 +179,8 @@ type Storage struct {
 	// first, and set false by this storage's nack, release, or dead-letter
 	// with HoldOnDeadLetter, which may hold rows, so that the claim after
 	// them is usually a full one (a claim running beside them may store its
-	// older answer after them).
+	// older answer after them), and by a claim told to park behind records
+	// in flight.
 	nothingHeld atomic.Bool
 	// walkedFar: the walk of the last claim spanned more than walkFar ids,
 	// so the next claim is a full one that looks for rows behind records
