@@ -33,6 +33,25 @@ func ackIn(t *testing.T, tx pgx.Tx, s *Storage, ids []int64, worker string) {
 	must(t, err)
 }
 
+// awaitLeasesRunOut waits until no lease on s's table is live.
+func awaitLeasesRunOut(t *testing.T, s *Storage) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the leases to run out", func() bool {
+		var live bool
+		must(t, s.pool.QueryRow(t.Context(), "SELECT EXISTS (SELECT 1 FROM "+s.leases+" WHERE leased_until > clock_timestamp())").Scan(&live))
+		return !live
+	})
+}
+
+// claimTwice returns the ids two claims of up to 10 records as worker "v"
+// hand out: after a parking claim the next one can be lean, which takes a
+// head set free without the rows parked behind it.
+func claimTwice(t *testing.T, s *Storage) []int64 {
+	t.Helper()
+	got := idsOf(claim(t, s, "v", 10, time.Minute))
+	return append(got, idsOf(claim(t, s, "v", 10, time.Minute))...)
+}
+
 // TestClaimParksBehindARecordInFlight: a claim told that walks span far
 // parks the rows it passes behind a record in flight, and the ack of that
 // record sets the first of them free, which the next claim takes with the
@@ -185,10 +204,7 @@ func TestNoParkingBetweenRecordsInFlight(t *testing.T) {
 				t.Fatalf("holds %q (%d, between records in flight) and %q (%d, after them), want none and behind", h, e2, hp, p)
 			}
 			must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{e1, e3}, WorkerID: "w"}))
-			var got []int64
-			for range 2 { // the first claim may take e2 alone: it is lean
-				got = append(got, idsOf(claim(t, s, "v", 10, time.Minute))...)
-			}
+			got := claimTwice(t, s) // the first claim may take e2 alone: it is lean
 			if !slices.Equal(got, []int64{e2, p}) {
 				t.Fatalf("claimed %v with nothing of k in flight, want [%d %d]", got, e2, p)
 			}
@@ -213,11 +229,7 @@ func TestNoParkingOfRowsWhoseLeaseRanOut(t *testing.T) {
 	if got := idsOf(claim(t, s, "w1", 10, 100*time.Millisecond)); !slices.Equal(got, ids) {
 		t.Fatalf("w1 claimed %v, want %v", got, ids)
 	}
-	waitFor(t, 10*time.Second, "the leases to run out", func() bool {
-		var live bool
-		must(t, s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.leases+" WHERE leased_until > clock_timestamp())").Scan(&live))
-		return !live
-	})
+	awaitLeasesRunOut(t, s)
 	if got := idsOf(claim(t, s, "w2", 1, time.Minute)); !slices.Equal(got, []int64{a}) {
 		t.Fatalf("w2 claimed %v, want %d (a takeover)", got, a)
 	}
@@ -230,10 +242,7 @@ func TestNoParkingOfRowsWhoseLeaseRanOut(t *testing.T) {
 		t.Fatalf("holds %q, %q (leases ran out), %q (no lease), want none, none, behind", hb, hc, hd)
 	}
 	must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{a}, WorkerID: "w2"}))
-	var got []int64
-	for range 2 { // the first claim may take b and c alone: it is lean
-		got = append(got, idsOf(claim(t, s, "v", 10, time.Minute))...)
-	}
+	got := claimTwice(t, s) // the first claim may take b and c alone: it is lean
 	if !slices.Equal(got, []int64{b, c, d}) {
 		t.Fatalf("claimed %v after the ack of %d, want [%d %d %d]", got, a, b, c, d)
 	}
@@ -257,11 +266,7 @@ func TestParkingWaitsForLateAcksOfItsKey(t *testing.T) {
 	if got := idsOf(claim(t, s, "b", 10, 100*time.Millisecond)); !slices.Equal(got, ids) {
 		t.Fatalf("b claimed %v, want %v", got, ids)
 	}
-	waitFor(t, 10*time.Second, "the leases to run out", func() bool {
-		var live bool
-		must(t, s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.leases+" WHERE leased_until > clock_timestamp())").Scan(&live))
-		return !live
-	})
+	awaitLeasesRunOut(t, s)
 	if got := idsOf(claim(t, s, "c", 2, time.Minute)); !slices.Equal(got, ids[:2]) {
 		t.Fatalf("c claimed %v, want %v (a takeover)", got, ids[:2])
 	}
@@ -283,10 +288,7 @@ func TestParkingWaitsForLateAcksOfItsKey(t *testing.T) {
 		t.Fatalf("record %d has hold %q behind records in flight, want behind", backlog[0], h)
 	}
 	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "c"}))
-	var got []int64
-	for range 2 { // the first claim may take the first row alone: it is lean
-		got = append(got, idsOf(claim(t, s, "v", 10, time.Minute))...)
-	}
+	got := claimTwice(t, s) // the first claim may take the first row alone: it is lean
 	if !slices.Equal(got, backlog) {
 		t.Fatalf("claimed %v after every ack, want %v", got, backlog)
 	}

@@ -384,9 +384,11 @@ i AS (
 	// thousands of messages a second is tens of thousands of them: the
 	// lease table is read through its primary key from head on, never
 	// scanned whole. (The slot condition, always true, makes the pending
-	// index the one to read; see the claim without strict ordering.)
-	head := fmt.Sprintf(`head AS MATERIALIZED (SELECT COALESCE((SELECT o.id FROM %s o
-    WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN (SELECT 0) AND (SELECT %d) ORDER BY o.id LIMIT 1), 0) AS id),`, t, slotCount-1)
+	// index the one to read; see the claim without strict ordering.) The
+	// wake reads the same id (lowestReady) for Claim's walkFar.
+	lowestReady := fmt.Sprintf(`COALESCE((SELECT o.id FROM %s o
+    WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN (SELECT 0) AND (SELECT %d) ORDER BY o.id LIMIT 1), 0)`, t, slotCount-1)
+	head := "head AS MATERIALIZED (SELECT " + lowestReady + " AS id),"
 	leaseUntil := "(SELECT t FROM clk) + $3::bigint * interval '1 microsecond'"
 	var claim, leanClaim string
 	if strict {
@@ -757,9 +759,9 @@ FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotC
 		adopted = " RETURNING 1"
 		wakeOpen = ",\nwoken AS ("
 		wakeClose = fmt.Sprintf(`)
-SELECT %[1]s
+SELECT %s
     OR EXISTS (SELECT 1 FROM adopt),
-    COALESCE((SELECT o.id FROM %[2]s o WHERE o.status = 'pending' AND o.hold IS NULL AND o.slot BETWEEN (SELECT 0) AND (SELECT %[3]d) ORDER BY o.id LIMIT 1), 0)`, anyHeld, t, slotCount-1)
+    %s`, anyHeld, lowestReady)
 	}
 	// The rows whose retry is due go back to the walk, the 10000 due
 	// first at most per claim. Its own statement, before the claim's, so
