@@ -25,7 +25,8 @@ import (
 //   - The completer acks published records: from the first that arrives it
 //     gathers for up to ackWindow or a batch, or until every claimed record
 //     is published or settled, or half of MaxInFlight once ackSplit (and
-//     the time the last ack took) has passed, and acks them all in one call;
+//     the time the last ack took) has passed while the publishes wait on the
+//     target (publishWaits), and acks them all in one call;
 //     while an ack is in flight the next ones accumulate.
 //   - A ticker every Lease/extendDivisor renews the leases of the records
 //     still held; a lane publishes a record only if the publish can finish
@@ -96,8 +97,9 @@ type extension struct {
 }
 
 type ackItem struct {
-	rec *storage.Record
-	g   *group
+	rec  *storage.Record
+	g    *group
+	took time.Duration // how long its publish took
 }
 
 // session is one Run or RunOnce.
@@ -547,15 +549,27 @@ const ackWindow = 10 * time.Millisecond
 
 // ackSplit: a gathering that holds half of MaxInFlight and has lasted
 // ackSplit, and longer than the last ack took, acks at once instead of
-// waiting for the rest of the batch. The records come at the speed of
-// publishing then, and that ack brings the records in flight down to where
-// the next claim may start (mayClaim), so the next claim runs while the rest
-// are published rather than after them. It pays when the rest takes longer
-// to come than an ack takes: with a target that returns at once, or a
-// database slower than the publishing, the batch is acked in one statement.
-// One forwarder, 1 ms broker, Concurrency 128, batch 1000: about 30% more
+// waiting for the rest of the batch, when the lanes wait on the target (its
+// publishes took publishWaits each or more on average). The records come
+// at the speed of publishing then, and that ack brings the records in
+// flight down to where the next claim may start (mayClaim), so the next
+// claim runs while the rest are published rather than after them. It pays
+// when the rest takes longer to come than an ack takes: with a database
+// slower than the publishing, the batch is acked in one statement. One
+// forwarder, 1 ms broker, Concurrency 128, batch 1000: about 30% more
 // messages a second (see docs/benchmarks.md).
 const ackSplit = time.Millisecond
+
+// publishWaits: publishes that take less than this on average do not wait
+// on a network round trip; they cost the forwarder's CPU, which an earlier
+// claim would compete with, and the completer does not split an ack for
+// them (see ackSplit). Splitting then only added work to the database: a
+// strict claim of half a batch while the other half is in flight walks past
+// the rows of the keys in flight and costs about what a whole batch costs.
+// A no-op drain at batch 1000 fell into half-batch claims in some runs and
+// not in others: 31k-37k messages a second against 46k (see
+// docs/benchmarks.md).
+const publishWaits = 100 * time.Microsecond
 
 // complete is the completer: it acks published records in batches.
 func (s *session) complete() {
@@ -566,12 +580,13 @@ func (s *session) complete() {
 	timer.Stop()
 	for it := range s.acks {
 		items = append(items[:0], it)
+		waited := it.took
 		first := time.Now()
 		more := s.unreported.Add(-1) > 0
 		timer.Reset(ackWindow)
 	gather:
 		for more && len(items) < s.cfg.BatchSize {
-			if 2*len(items) >= s.cfg.MaxInFlight && time.Since(first) >= max(ackSplit, ackTook) {
+			if s.splitAck(len(items), time.Since(first), ackTook, waited) {
 				break
 			}
 			select {
@@ -580,6 +595,7 @@ func (s *session) complete() {
 					break gather
 				}
 				items = append(items, it)
+				waited += it.took
 				more = s.unreported.Add(-1) > 0
 			case <-timer.C:
 				break gather
@@ -590,6 +606,13 @@ func (s *session) complete() {
 		s.ack(items)
 		ackTook = time.Since(started)
 	}
+}
+
+// splitAck reports whether a gathering of n records acks at once (see
+// ackSplit): it has lasted gathered, the last ack took ackTook, and the n
+// publishes took waited in all.
+func (s *session) splitAck(n int, gathered, ackTook, waited time.Duration) bool {
+	return 2*n >= s.cfg.MaxInFlight && gathered >= max(ackSplit, ackTook) && waited >= time.Duration(n)*publishWaits
 }
 
 func (s *session) ack(items []ackItem) {
@@ -830,6 +853,7 @@ func (l *lane) publishGroup(g *group, from int) bool {
 		g.next.Store(int64(i + 1))
 
 		err := f.publishOne(s.publishCtx, rec, now)
+		took := time.Since(now)
 
 		l.mu.Lock()
 		abandoned := l.abandoned
@@ -839,7 +863,7 @@ func (l *lane) publishGroup(g *group, from int) bool {
 			return false // the supervisor recorded this record's outcome
 		}
 		if err == nil {
-			s.acks <- ackItem{rec: rec, g: g}
+			s.acks <- ackItem{rec: rec, g: g, took: took}
 			continue
 		}
 		if !s.fail(g, i, err) {

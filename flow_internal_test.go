@@ -47,7 +47,9 @@ func TestCompleterAcksHalfWhileTheRestIsPublished(t *testing.T) {
 	s.unreported.Store(n)
 	go s.complete()
 	g := &group{b: &batch{}}
-	item := func(id int64) ackItem { return ackItem{rec: &storage.Record{ID: id}, g: g} }
+	// Publishes that waited on the target: the rest of the batch is worth
+	// claiming for meanwhile.
+	item := func(id int64) ackItem { return ackItem{rec: &storage.Record{ID: id}, g: g, took: time.Millisecond} }
 
 	s.acks <- item(1)
 	deadline := time.Now().Add(10 * time.Second)
@@ -73,5 +75,37 @@ func TestCompleterAcksHalfWhileTheRestIsPublished(t *testing.T) {
 	<-s.completerDone
 	if total != n {
 		t.Fatalf("acked %d records, want %d", total, n)
+	}
+}
+
+// TestCompleterSplitsOnlyForPublishesThatWait: half a batch is acked at once
+// only when the publishes of the records gathered waited on the target;
+// publishes that return at once (CPU-bound, as a no-op or in-process target)
+// keep the batch whole, and the next claim is then a whole batch too.
+func TestCompleterSplitsOnlyForPublishesThatWait(t *testing.T) {
+	f, err := NewForwarder(&ackSizes{}, nopPublisher{}, ForwarderConfig{BatchSize: 1000, MaxInFlight: 1000}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, cancel := f.newSession(t.Context(), false)
+	defer cancel()
+	const ms = time.Millisecond
+	for _, c := range []struct {
+		n                         int
+		gathered, ackTook, waited time.Duration
+		want                      bool
+	}{
+		{499, time.Second, 0, time.Second, false},       // less than half
+		{500, ackSplit / 2, 0, time.Second, false},      // not ackSplit yet
+		{500, 2 * ackSplit, 0, 500 * ms, true},          // publishes of 1 ms
+		{500, 4 * ms, 5 * ms, 500 * ms, false},          // an ack takes longer
+		{500, 6 * ms, 5 * ms, 500 * ms, true},           // the rest comes after the ack
+		{500, 6 * ms, 5 * ms, 500 * publishWaits, true}, // publishes of publishWaits
+		{500, 6 * ms, 5 * ms, 499 * publishWaits, false},
+		{500, time.Second, 0, 5 * ms, false}, // publishes of 10 µs: no split, however long
+	} {
+		if got := s.splitAck(c.n, c.gathered, c.ackTook, c.waited); got != c.want {
+			t.Errorf("splitAck(%d records gathered in %s, ack took %s, publishes took %s) = %t, want %t", c.n, c.gathered, c.ackTook, c.waited, got, c.want)
+		}
 	}
 }
