@@ -567,8 +567,8 @@ const ackSplit = time.Millisecond
 // strict claim of half a batch while the other half is in flight walks past
 // the rows of the keys in flight and costs about what a whole batch costs.
 // A no-op drain at batch 1000 fell into half-batch claims in some runs and
-// not in others: 31k-37k messages a second against 46k (see
-// docs/benchmarks.md).
+// not in others: 29k-37k messages a second against 39k-46k without the
+// split (see docs/benchmarks.md).
 const publishWaits = 100 * time.Microsecond
 
 // complete is the completer: it acks published records in batches.

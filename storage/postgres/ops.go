@@ -376,8 +376,19 @@ i AS (
 		}
 	}
 	// leases maps every lease row's id to whether it is live at the claim's
-	// clock reading.
-	leaseMap := fmt.Sprintf(`(SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') FROM %s x WHERE x.id >= (SELECT id FROM head))`, leases)
+	// clock reading. The lease rows from head on are read in id order (ORDER
+	// BY id, with the claim's enable_sort off: a plain scan of the primary
+	// key), as is lv in the strict claim. Above head too there are dead
+	// versions of acked leases: while a record is in flight the head stays
+	// at it, and every lease acked since is above it until VACUUM. A plain
+	// index scan marks their index entries dead once no transaction can see
+	// them, and the next claims skip them; a bitmap scan, which the planner
+	// chose once the table had grown, visits every one of them again each
+	// claim. With 45k leases acked above a record in flight a claim of 100
+	// took 4.9 ms (strict; 3.3 ms without) against 1.5 ms with none, and
+	// takes 1.9 ms (1.5 ms) now (TestClaimReadsLeasesOnceInIdOrder).
+	leaseMap := fmt.Sprintf(`(SELECT COALESCE(jsonb_object_agg(x.id::text, x.live), '{}') FROM (
+        SELECT x.id, x.leased_until > (SELECT t FROM clk) AS live FROM %s x WHERE x.id >= (SELECT id FROM head) ORDER BY x.id) x)`, leases)
 	// head is the lowest pending id. Every lease worth reading is above it
 	// (a leased row is pending), and below it the lease table holds only the
 	// dead versions of acked leases until VACUUM comes by, which at
@@ -441,6 +452,8 @@ i AS (
 		// that are due, not leased and not held back, in id order, at most
 		// $1 (with CommitFence, up to the first fenced row of each key).
 		// unleased(a): the row aliased a has no live lease (ls, the lease map).
+		// ls and hm (a key's first live lease) are built from lv, one read of
+		// the lease rows from head on, in id order (see leaseMap).
 		unleased := func(a string) string {
 			return fmt.Sprintf("NOT COALESCE(((SELECT m FROM ls) -> %s.id::text)::boolean, false)", a)
 		}
@@ -682,14 +695,15 @@ own AS MATERIALIZED (
         SELECT count(*) AS f, count(*) FILTER (WHERE w.id < $2) AS r FROM (
             SELECT worker_id AS id FROM %[7]s WHERE seen_until > (SELECT t FROM clk)
             UNION SELECT $2) w) n),
+lv AS MATERIALIZED (
+    SELECT x.id, x.key, x.leased_until > (SELECT t FROM clk) AS live FROM %[2]s x
+    WHERE x.id >= (SELECT id FROM head)
+    ORDER BY x.id),
 ls AS MATERIALIZED (
-    SELECT COALESCE(jsonb_object_agg(x.id::text, x.leased_until > (SELECT t FROM clk)), '{}') AS m
-    FROM %[2]s x WHERE x.id >= (SELECT id FROM head)),
+    SELECT COALESCE(jsonb_object_agg(lv.id::text, lv.live), '{}') AS m FROM lv),
 hm AS MATERIALIZED (
     SELECT jsonb_object_agg(h.key, h.first) AS m FROM (
-        SELECT l.key, min(l.id) AS first FROM %[2]s l
-        WHERE l.id >= (SELECT id FROM head) AND l.leased_until > (SELECT t FROM clk) AND l.key <> ''
-        GROUP BY l.key) h),
+        SELECT lv.key, min(lv.id) AS first FROM lv WHERE lv.live AND lv.key <> '' GROUP BY lv.key) h),
 anyheld AS MATERIALIZED (SELECT %[4]s AS g),
 %[12]s
 %[11]s

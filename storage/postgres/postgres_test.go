@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -1531,4 +1532,63 @@ func TestClaimCommitsWithoutWaitingForTheFlush(t *testing.T) {
 			must(t, s2.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
 		})
 	}
+}
+
+// TestClaimReadsLeasesOnceInIdOrder: a claim reads the lease rows from the
+// head on once, through the primary key in id order (a plain index scan),
+// for both of its maps. A record in flight keeps the head low, and every
+// lease acked above it stays in the table as a dead row until VACUUM; a
+// plain index scan marks such entries dead in the index, so the next claims
+// skip them, where a bitmap scan visits them all again each time (and the
+// two maps read them twice). With 45k leases acked above a record in
+// flight, a claim of 100 took 4.9 ms instead of 1.5 ms; 1.9 ms now. (No
+// ANALYZE here: as in a drain, autovacuum has not come by, and with the
+// table's size to go by the planner chose bitmap scans.)
+func TestClaimReadsLeasesOnceInIdOrder(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []Config{{}, {DisableStrictOrdering: true}} {
+		s := newStore(t, cfg)
+		ctx := t.Context()
+		fill(t, s, 46_000, 1000)
+		claim(t, s, "slow", 1, time.Hour) // the record in flight
+		for range 45 {
+			var ids []int64
+			for _, r := range claim(t, s, "w", 1000, time.Minute) {
+				ids = append(ids, r.ID)
+			}
+			must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+		}
+		claims := []string{s.q.claim}
+		if s.q.leanClaim != "" {
+			claims = append(claims, s.q.leanClaim)
+		}
+		for _, c := range claims {
+			out := explainClaimAs(t, s, c, 100, "EXPLAIN (FORMAT JSON) ")
+			var plans []struct{ Plan leaseScanNode }
+			must(t, json.Unmarshal([]byte(out), &plans))
+			var reads []string
+			var walk func(n leaseScanNode)
+			walk = func(n leaseScanNode) {
+				if strings.HasSuffix(n.IndexName, "leases_pkey") && strings.Contains(n.IndexCond, "id >=") {
+					reads = append(reads, n.NodeType)
+				}
+				for _, c := range n.Plans {
+					walk(c)
+				}
+			}
+			walk(plans[0].Plan)
+			if len(reads) != 1 || (reads[0] != "Index Scan" && reads[0] != "Index Only Scan") {
+				t.Errorf("strict=%t: the claim reads the leases from the head on by %v, want one plain index scan", !cfg.DisableStrictOrdering, reads)
+			}
+		}
+	}
+}
+
+// leaseScanNode is a node of EXPLAIN (FORMAT JSON), with what tells a scan
+// of the lease table's primary key.
+type leaseScanNode struct {
+	NodeType  string          `json:"Node Type"`
+	IndexName string          `json:"Index Name"`
+	IndexCond string          `json:"Index Cond"`
+	Plans     []leaseScanNode `json:"Plans"`
 }
