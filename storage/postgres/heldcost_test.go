@@ -176,9 +176,9 @@ func TestClaimCostWithHeldRows(t *testing.T) {
 			// transaction in the database of the other tests (CI runs
 			// packages side by side) keeps VACUUM from removing the index
 			// entries of the parked rows' old versions, and every claim
-			// then steps over them: 58-93 ms a claim at 200k rows in flight,
-			// reproduced with one REPEATABLE READ transaction left open, which is
-			// PostgreSQL's cost of a long transaction, not the claim's. A
+			// then steps over them (58-93 ms a claim next to 200k rows in
+			// flight, with one REPEATABLE READ transaction left open), which
+			// is PostgreSQL's cost of a long transaction, not the claim's. A
 			// claim that walks held rows stays over the bound on every table.
 			base := meds[0]
 			for _, n := range sizes {
@@ -243,7 +243,8 @@ func quietPool(t *testing.T) *pgxpool.Pool {
 	if !exists {
 		_, err := shared.Exec(ctx, "CREATE DATABASE "+quietDatabase)
 		var pgErr *pgconn.PgError
-		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42P04") { // created meanwhile
+		// 42P04 and 23505: another test process created it meanwhile.
+		if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505")) {
 			t.Logf("runs in the shared test database: create database %s: %v", quietDatabase, err)
 			return shared
 		}

@@ -1572,8 +1572,8 @@ func TestClaimReadsLeasesOnceInIdOrder(t *testing.T) {
 				if strings.HasSuffix(n.IndexName, "leases_pkey") && strings.Contains(n.IndexCond, "id >=") {
 					reads = append(reads, n.NodeType)
 				}
-				for _, c := range n.Plans {
-					walk(c)
+				for _, child := range n.Plans {
+					walk(child)
 				}
 			}
 			walk(plans[0].Plan)
