@@ -1,10 +1,6 @@
 package postgres
 
 import (
-	"cmp"
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -15,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -255,28 +250,4 @@ func quietPool(t *testing.T) *pgxpool.Pool {
 	must(t, err)
 	t.Cleanup(p.Close)
 	return p
-}
-
-// newStoreOn is newStore on the given pool: a fresh table in a fresh schema,
-// dropped when the test ends.
-func newStoreOn(t *testing.T, p *pgxpool.Pool, cfg Config) *Storage {
-	t.Helper()
-	ctx := t.Context()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "txo_test_" + hex.EncodeToString(b[:])
-	_, err := p.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
-	must(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := p.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
-	cfg.Table = schema + "." + cmp.Or(cfg.Table, TableDefault)
-	s, err := New(p, cfg)
-	must(t, err)
-	must(t, s.CreateSchema(ctx))
-	return s
 }

@@ -105,7 +105,12 @@ func testPool(t testing.TB) *pgxpool.Pool {
 // newSchema creates a schema with a random name, dropped when the test ends.
 func newSchema(t testing.TB) string {
 	t.Helper()
-	p := testPool(t)
+	return newSchemaOn(t, testPool(t))
+}
+
+// newSchemaOn is newSchema in the database of pool p.
+func newSchemaOn(t testing.TB, p *pgxpool.Pool) string {
+	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "txo_test_" + hex.EncodeToString(b[:])
@@ -126,9 +131,15 @@ func newSchema(t testing.TB) string {
 // when set, is the table name inside that schema.
 func newStore(t testing.TB, cfg Config) *Storage {
 	t.Helper()
-	schema := newSchema(t)
+	return newStoreOn(t, testPool(t), cfg)
+}
+
+// newStoreOn is newStore in the database of pool p.
+func newStoreOn(t testing.TB, p *pgxpool.Pool, cfg Config) *Storage {
+	t.Helper()
+	schema := newSchemaOn(t, p)
 	cfg.Table = schema + "." + cmp.Or(cfg.Table, TableDefault)
-	s, err := New(testPool(t), cfg)
+	s, err := New(p, cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -424,7 +424,10 @@ func claimWalkRows(t *testing.T, s *Storage, batch int) int {
 
 // planNode is a node of EXPLAIN (FORMAT JSON).
 type planNode struct {
+	NodeType    string     `json:"Node Type"`
 	SubplanName string     `json:"Subplan Name"`
+	IndexName   string     `json:"Index Name"`
+	IndexCond   string     `json:"Index Cond"`
 	ActualRows  int        `json:"Actual Rows"`
 	Plans       []planNode `json:"Plans"`
 }

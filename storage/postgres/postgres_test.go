@@ -1552,10 +1552,7 @@ func TestClaimReadsLeasesOnceInIdOrder(t *testing.T) {
 		fill(t, s, 46_000, 1000)
 		claim(t, s, "slow", 1, time.Hour) // the record in flight
 		for range 45 {
-			var ids []int64
-			for _, r := range claim(t, s, "w", 1000, time.Minute) {
-				ids = append(ids, r.ID)
-			}
+			ids := idsOf(claim(t, s, "w", 1000, time.Minute))
 			must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
 		}
 		claims := []string{s.q.claim}
@@ -1564,11 +1561,11 @@ func TestClaimReadsLeasesOnceInIdOrder(t *testing.T) {
 		}
 		for _, c := range claims {
 			out := explainClaimAs(t, s, c, 100, "EXPLAIN (FORMAT JSON) ")
-			var plans []struct{ Plan leaseScanNode }
+			var plans []struct{ Plan planNode }
 			must(t, json.Unmarshal([]byte(out), &plans))
 			var reads []string
-			var walk func(n leaseScanNode)
-			walk = func(n leaseScanNode) {
+			var walk func(n planNode)
+			walk = func(n planNode) {
 				if strings.HasSuffix(n.IndexName, "leases_pkey") && strings.Contains(n.IndexCond, "id >=") {
 					reads = append(reads, n.NodeType)
 				}
@@ -1582,13 +1579,4 @@ func TestClaimReadsLeasesOnceInIdOrder(t *testing.T) {
 			}
 		}
 	}
-}
-
-// leaseScanNode is a node of EXPLAIN (FORMAT JSON), with what tells a scan
-// of the lease table's primary key.
-type leaseScanNode struct {
-	NodeType  string          `json:"Node Type"`
-	IndexName string          `json:"Index Name"`
-	IndexCond string          `json:"Index Cond"`
-	Plans     []leaseScanNode `json:"Plans"`
 }
