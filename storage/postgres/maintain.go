@@ -115,7 +115,7 @@ WHERE status = 'dead' AND `, s.table)
 		q, args = set+"topic = $1", []any{p.Topic}
 	}
 	var n int64
-	q += " RETURNING id, key),\nu AS (" + s.q.unpark + ")\nSELECT count(*) FROM d"
+	q += " RETURNING id, key),\n" + s.q.unparkLock + ",\nu AS (" + s.q.unparkSet + ")\nSELECT count(*) FROM d"
 	if err := s.pool.QueryRow(ctx, q, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("redrive outbox rows in %s: %w", s.table, err)
 	}

@@ -225,8 +225,9 @@ func (s *Storage) Skip(ctx context.Context, params storage.SkipParams) error {
 i AS (
     INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
     SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d),
+%s,
 u AS (%s)
-SELECT count(*) FROM d`, s.table, s.skipped, s.q.unpark)
+SELECT count(*) FROM d`, s.table, s.skipped, s.q.unparkLock, s.q.unparkSet)
 	var n int64
 	if err := s.queryRow(ctx, !s.config.DisableStrictOrdering, []any{&n}, q, params.ID, params.Reason); err != nil {
 		return fmt.Errorf("skip outbox record %d of %s: %w", params.ID, s.table, err)
