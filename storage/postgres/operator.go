@@ -215,33 +215,44 @@ func (s *Storage) Skip(ctx context.Context, params storage.SkipParams) error {
 	if params.Reason == "" {
 		return fmt.Errorf("skip outbox record %d: SkipParams.Reason is required (it is the audit record)", params.ID)
 	}
-	// The rows of its key parked behind the dead record are set free (see
-	// the claim), under the claim lock: a claim running meanwhile could
-	// otherwise park a row behind the record this statement removes, after
-	// the statement looked.
-	q := fmt.Sprintf(`WITH d AS (
-    DELETE FROM %s WHERE id = $1 AND status = 'dead'
-    RETURNING id, uuid, topic, key, payload, metadata, created_at, attempts, last_error),
-i AS (
-    INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
-    SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d),
-%s,
-u AS (%s)
-SELECT count(*) FROM d`, s.table, s.skipped, s.q.unparkLock, s.q.unparkSet)
 	var n int64
-	if err := s.queryRow(ctx, !s.config.DisableStrictOrdering, []any{&n}, q, params.ID, params.Reason); err != nil {
+	if err := s.queryRow(ctx, !s.config.DisableStrictOrdering, []any{&n}, s.skipStatement(), params.ID, params.Reason); err != nil {
 		return fmt.Errorf("skip outbox record %d of %s: %w", params.ID, s.table, err)
 	}
 	if n == 1 {
 		return nil
 	}
-	info, err := s.Record(ctx, params.ID)
+	return s.skipMissed(ctx, params.ID)
+}
+
+// skipStatement is Skip's statement: $1 the record, $2 the reason.
+func (s *Storage) skipStatement() string {
+	// The rows of its key parked behind the dead record are set free (see
+	// the claim), under the claim lock: a claim running meanwhile could
+	// otherwise park a row behind the record this statement removes, after
+	// the statement looked.
+	unpark := "" // nothing is parked without strict ordering
+	if !s.config.DisableStrictOrdering {
+		unpark = fmt.Sprintf(",\n%s,\nu AS (%s)", s.q.unparkLock, s.q.unparkSet)
+	}
+	return fmt.Sprintf(`WITH d AS (
+    DELETE FROM %s WHERE id = $1 AND status = 'dead'
+    RETURNING id, uuid, topic, key, payload, metadata, created_at, attempts, last_error),
+i AS (
+    INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
+    SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d)%s
+SELECT count(*) FROM d`, s.table, s.skipped, unpark)
+}
+
+// skipMissed explains why Skip of the record id found no dead row.
+func (s *Storage) skipMissed(ctx context.Context, id int64) error {
+	info, err := s.Record(ctx, id)
 	switch {
 	case err != nil:
 		return fmt.Errorf("skip: %w", err)
 	case info.Status == storage.StatusSkipped:
 		return nil
 	default:
-		return fmt.Errorf("skip outbox record %d of %s (%s): %w", params.ID, s.table, info.Status, storage.ErrNotDead)
+		return fmt.Errorf("skip outbox record %d of %s (%s): %w", id, s.table, info.Status, storage.ErrNotDead)
 	}
 }

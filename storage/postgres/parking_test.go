@@ -443,8 +443,9 @@ type planNode struct {
 // entry against its ids: one wake took 4.4 s and 1.8 million buffers with
 // 200,000 rows parked (txoutbox-bench's outage scenario, auto_explain).
 // The unpark and the sweep had the same shape, in their UPDATE and in the
-// subquery that locks. Fails without the change (wake, ack, sweep): rows
-// found by id in a Filter.
+// subquery that locks, and so had an operator's Redrive of dead records by
+// id, with the dead-letter indexes. Fails without the change (wake, ack,
+// sweep, redrive): rows found by id in a Filter.
 func TestHoldWritesFindRowsByPrimaryKey(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, Config{})
@@ -456,11 +457,14 @@ func TestHoldWritesFindRowsByPrimaryKey(t *testing.T) {
 	_, err = s.pool.Exec(ctx, "VACUUM ANALYZE "+s.table)
 	must(t, err)
 	// ...then the outage: every key's head waits for its retry (due now),
-	// the rest of each key is parked behind it.
+	// the rest of each key is parked behind it; a fifth of the keys died.
 	_, err = s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %[1]s o SET
     hold = CASE WHEN o.id = (SELECT min(h.id) FROM %[1]s h WHERE h.key = o.key) THEN 'retry' ELSE 'behind' END,
     due_at = now() - interval '1 second'`, s.table))
 	must(t, err)
+	_, err = s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET status = 'dead', hold = NULL, dead_at = now() WHERE key IN ('k1', 'k2', 'k3', 'k4')`, s.table))
+	must(t, err)
+	redrive, redriveArgs := s.redriveStatement(storage.RedriveParams{IDs: []int64{21, 41}})
 
 	plan := func(setting, sql string, args ...any) planNode {
 		t.Helper()
@@ -479,18 +483,22 @@ func TestHoldWritesFindRowsByPrimaryKey(t *testing.T) {
 		"wake":  plan(s.q.plan, s.q.wake),
 		"ack":   plan(s.q.writePlan, s.q.ack, []int64{1, 2, 3}, "w"),
 		"sweep": plan(s.q.plan, s.q.sweep),
-		"claim": plan(s.q.plan, s.q.claim, claimArgs(s, 100, "w", 1)...),
-		"nack":  plan(s.q.writePlan, s.q.nack, int64(1), "w", "boom", time.Now().Add(time.Minute)),
-		"more":  plan(s.q.writePlan, s.q.parkMore, "k1", int64(1), int64(1)),
+		"claim":      plan(s.q.plan, s.q.claim, claimArgs(s, 100, "w", 1)...),
+		"nack":       plan(s.q.writePlan, s.q.nack, int64(1), "w", "boom", time.Now().Add(time.Minute)),
+		"more":       plan(s.q.writePlan, s.q.parkMore, "k1", int64(1), int64(1)),
+		"deadLetter": plan(s.q.writePlan, s.q.deadLetter, int64(1), "w", "boom"),
+		"skip":       plan(s.q.writePlan, s.skipStatement(), int64(21), "why"),
+		"redrive":    plan(s.q.writePlan, redrive, redriveArgs...),
 	} {
+		byID := regexp.MustCompile(`\bid = (ANY|\$)`)
 		var byFilter []string
 		byKey := 0
 		var walk func(n planNode)
 		walk = func(n planNode) {
-			if strings.Contains(n.Filter, "id = ANY") {
+			if byID.MatchString(n.Filter) {
 				byFilter = append(byFilter, fmt.Sprintf("%s %s: %s", n.NodeType, n.IndexName, n.Filter))
 			}
-			if strings.HasSuffix(n.IndexName, "_pkey") && strings.Contains(n.IndexCond, "id = ANY") {
+			if strings.HasSuffix(n.IndexName, "_pkey") && byID.MatchString(n.IndexCond) {
 				byKey++
 			}
 			for _, c := range n.Plans {
