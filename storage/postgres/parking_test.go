@@ -480,9 +480,9 @@ func TestHoldWritesFindRowsByPrimaryKey(t *testing.T) {
 		return plans[0].Plan
 	}
 	for name, p := range map[string]planNode{
-		"wake":  plan(s.q.plan, s.q.wake),
-		"ack":   plan(s.q.writePlan, s.q.ack, []int64{1, 2, 3}, "w"),
-		"sweep": plan(s.q.plan, s.q.sweep),
+		"wake":       plan(s.q.plan, s.q.wake),
+		"ack":        plan(s.q.writePlan, s.q.ack, []int64{1, 2, 3}, "w"),
+		"sweep":      plan(s.q.plan, s.q.sweep),
 		"claim":      plan(s.q.plan, s.q.claim, claimArgs(s, 100, "w", 1)...),
 		"nack":       plan(s.q.writePlan, s.q.nack, int64(1), "w", "boom", time.Now().Add(time.Minute)),
 		"more":       plan(s.q.writePlan, s.q.parkMore, "k1", int64(1), int64(1)),
