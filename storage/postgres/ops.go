@@ -79,12 +79,14 @@ type queries struct {
 
 // lockedByID is the UPDATE that sets free the rows of table t that the CTE
 // locked (a MATERIALIZED CTE of the statement, with columns id, status and
-// hold) and found still parked. It finds them by primary key alone, so that
-// no other index can serve it: had its WHERE said "hold = 'behind'", the
-// held index could serve the ids too, read whole and checked entry by
-// entry, and with statistics from a table with nothing held (before an
-// outage, and until the next ANALYZE) the planner chose that
-// (TestHoldWritesFindRowsByPrimaryKey).
+// hold) and found still parked. The CTE locks its candidates by primary key
+// alone and returns them as locked, and the UPDATE finds them by primary key
+// alone: had either WHERE also said "hold = 'behind'", the held index could
+// serve the ids too, read whole and checked entry by entry, and with
+// statistics from a table with nothing held (before an outage, until the
+// next ANALYZE) the planner chose that (TestHoldWritesFindRowsByPrimaryKey).
+// A MATERIALIZED CTE, so that the check on what the row holds is not pushed
+// down into the scan that locks.
 func lockedByID(t, locked string) string {
 	return fmt.Sprintf(`UPDATE %[1]s SET hold = NULL WHERE id = ANY(ARRAY(SELECT %[2]s.id FROM %[2]s WHERE %[2]s.status = 'pending' AND %[2]s.hold = 'behind'))`, t, locked)
 }
@@ -208,14 +210,10 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// retry, or setting it free itself (a sweep, another unpark); should it
 	// roll back instead, the sweep sets the row free.
 	//
-	// The row is locked, and then updated, by its primary key alone, and
-	// what it holds is checked on the row as locked (ul, a MATERIALIZED CTE,
-	// so that the check stays out of the scan): with "hold = 'behind'" in
-	// the scan's WHERE, the held index could serve the ids too, read whole
-	// and checked entry by entry, and with statistics from before an outage
-	// (nothing held) the planner chose it (see lockedByID). A candidate
-	// locked and found no longer parked (due for a retry, say) stays locked
-	// until the commit and is left as it is.
+	// The candidate is locked by its primary key alone (ul), and set free
+	// if it is still parked as locked (see lockedByID). One found no longer
+	// parked (waiting for its retry, say) stays locked until the commit and
+	// is left as it is.
 	unparkLock := fmt.Sprintf(`ul AS MATERIALIZED (
     SELECT u.id, u.status, u.hold FROM %[1]s u WHERE u.id = ANY(ARRAY(
         SELECT b.id FROM (SELECT d.key, max(d.id) AS id FROM d WHERE d.key <> '' AND %[2]s GROUP BY d.key) k
@@ -259,7 +257,11 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 			//     its DELETE returns them, which is free. Every other
 			//     statement that locks outbox rows skips those another
 			//     transaction holds and waits for none: the claim's wake,
-			//     parking and sweep, the nack's parking, the ack's unpark.
+			//     parking and sweep, the nack's parking, the ack's unpark,
+			//     an operator's Redrive by ids. The unpark, the sweep and
+			//     that Redrive may lock a row and leave it as it is (see
+			//     lockedByID); each is the last statement of its
+			//     transaction, and waits for nothing once it holds one.
 			//   - A claim holds no outbox row while its takeover waits,
 			//     other than the rows its wake set free, which have no lease
 			//     and so no write-back wants (its parking and its sweep

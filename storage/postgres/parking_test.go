@@ -435,9 +435,9 @@ type planNode struct {
 }
 
 // TestHoldWritesFindRowsByPrimaryKey: the statements that hold rows back
-// or set them free (the wake, an ack's unpark, the sweep; a claim's and a
-// nack's parking) find the rows they lock and update by their primary key,
-// whatever the statistics say. After an outage the statistics are those of
+// or set them free (the wake, the unpark of an ack, a dead-letter and a
+// Skip, the sweep, a Redrive; a claim's and a nack's parking) find the rows
+// they lock and update by their primary key, whatever the statistics say. After an outage the statistics are those of
 // a table with nothing held, and the wake's UPDATE, whose WHERE also said
 // "hold = 'retry'", read the whole retry or held index and checked each
 // entry against its ids: one wake took 4.4 s and 1.8 million buffers with
@@ -465,6 +465,7 @@ func TestHoldWritesFindRowsByPrimaryKey(t *testing.T) {
 	_, err = s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET status = 'dead', hold = NULL, dead_at = now() WHERE key IN ('k1', 'k2', 'k3', 'k4')`, s.table))
 	must(t, err)
 	redrive, redriveArgs := s.redriveStatement(storage.RedriveParams{IDs: []int64{21, 41}})
+	byID := regexp.MustCompile(`\bid = (ANY|\$)`) // a lookup by id: "id = ANY (...)", "id = $1"
 
 	plan := func(setting, sql string, args ...any) planNode {
 		t.Helper()
@@ -490,7 +491,6 @@ func TestHoldWritesFindRowsByPrimaryKey(t *testing.T) {
 		"skip":       plan(s.q.writePlan, s.skipStatement(), int64(21), "why"),
 		"redrive":    plan(s.q.writePlan, redrive, redriveArgs...),
 	} {
-		byID := regexp.MustCompile(`\bid = (ANY|\$)`)
 		var byFilter []string
 		byKey := 0
 		var walk func(n planNode)
