@@ -108,18 +108,21 @@ func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, 
 // redriveStatement is Redrive's statement for the (valid) selection p, and
 // its arguments.
 func (s *Storage) redriveStatement(p storage.RedriveParams) (string, []any) {
-	// By ids, the rows are locked by their primary key first, and the dead
-	// ones among them re-driven (r): with "status = 'dead'" beside the ids
-	// in one WHERE, a dead-letter index could serve the ids too, read whole
-	// and checked entry by entry, and with statistics from before the
-	// incident (few dead rows) the planner chose that (see lockedByID). A
-	// row another transaction holds is left to it: a Skip or another
-	// Redrive of it, or the forwarder dead-lettering it right now.
+	// By ids, the rows are read by their primary key (s), those that are
+	// dead locked by it (r, waiting for another transaction's lock, and
+	// checked again as locked), and re-driven by it: with "status = 'dead'"
+	// beside the ids in one WHERE, a dead-letter index could serve the ids
+	// too, read whole and checked entry by entry, and with statistics from
+	// before the incident (few dead rows) the planner chose that (see
+	// lockedByID). Rows of the list that are not dead are not locked: they
+	// may be in flight, and their write-backs must not wait.
 	with, where := "WITH ", "status = 'dead' AND "
 	var args []any
 	switch {
 	case len(p.IDs) > 0:
-		with = fmt.Sprintf("WITH r AS MATERIALIZED (SELECT id, status FROM %s WHERE id = ANY($1) FOR UPDATE SKIP LOCKED),\n", s.table)
+		with = fmt.Sprintf(`WITH s AS MATERIALIZED (SELECT id, status FROM %[1]s WHERE id = ANY($1)),
+r AS MATERIALIZED (SELECT id, status FROM %[1]s WHERE id = ANY(ARRAY(SELECT s.id FROM s WHERE s.status = 'dead')) FOR UPDATE),
+`, s.table)
 		where, args = "id = ANY(ARRAY(SELECT r.id FROM r WHERE r.status = 'dead'))", []any{p.IDs}
 	case p.Key != "":
 		where, args = where+"key <> '' AND key = $1", []any{p.Key}

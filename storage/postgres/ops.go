@@ -251,16 +251,16 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 			//     and a dead-letter that sets free the statement before
 			//     (lockLeases), the claim's takeover (tk), Extend (k).
 			//   - Only a write-back waits for outbox rows (operator
-			//     statements aside, which touch dead rows only), and only
+			//     statements aside, which wait for dead rows only), and only
 			//     for rows whose lease it has locked and still holds (k): no
 			//     other write-back can want them. It locks them in the order
 			//     its DELETE returns them, which is free. Every other
 			//     statement that locks outbox rows skips those another
 			//     transaction holds and waits for none: the claim's wake,
-			//     parking and sweep, the nack's parking, the ack's unpark,
-			//     an operator's Redrive by ids. The unpark, the sweep and
-			//     that Redrive may lock a row and leave it as it is (see
-			//     lockedByID); each is the last statement of its
+			//     parking and sweep, the nack's parking, the unpark (of an
+			//     ack, a dead-letter, an operator's Skip or Redrive). The
+			//     unpark and the sweep may lock a row and leave it as it is
+			//     (see lockedByID); each is the last step of its
 			//     transaction, and waits for nothing once it holds one.
 			//   - A claim holds no outbox row while its takeover waits,
 			//     other than the rows its wake set free, which have no lease

@@ -563,6 +563,64 @@ func TestInsertRejectsInvalidRecords(t *testing.T) {
 	}
 }
 
+// TestRedriveByIDsLocksOnlyDeadRowsAndWaitsForThem: a Redrive by ids waits
+// for a dead row another transaction holds and re-drives it once that one
+// rolls back (a first version of the statement skipped locked rows and
+// re-drove nothing, as a review found), and it locks no row of its list
+// that is not dead: a record in flight among the ids is acked while a
+// transaction holds the Redrive's locks.
+func TestRedriveByIDsLocksOnlyDeadRowsAndWaitsForThem(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	ids := insert(t, s, recs("a", "b")...)
+	claim(t, s, "w", 2, time.Minute)
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[0], WorkerID: "w", Error: "x"}))
+	q, args := s.redriveStatement(storage.RedriveParams{IDs: ids}) // ids[1] is in flight
+
+	// The Redrive's locks, held by an open transaction: ids[1]'s ack goes
+	// through.
+	tx, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // rolled back below; this one is for a failure before
+	var n int64
+	must(t, tx.QueryRow(ctx, q, args...).Scan(&n))
+	if n != 1 {
+		t.Fatalf("redrove %d, want 1", n)
+	}
+	ackCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	must(t, s.Ack(ackCtx, storage.AckParams{IDs: ids[1:], WorkerID: "w"}))
+	must(t, tx.Rollback(ctx))
+
+	// Another transaction holds the dead row: the Redrive waits, and re-drives
+	// it once that one rolls back.
+	holder, err := s.pool.Begin(ctx)
+	must(t, err)
+	defer holder.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // as tx
+	_, err = holder.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE id = $1 FOR UPDATE", s.table), ids[0])
+	must(t, err)
+	done := make(chan error, 1)
+	go func() {
+		n, err := s.Redrive(ctx, storage.RedriveParams{IDs: ids[:1]})
+		if err == nil && n != 1 {
+			err = fmt.Errorf("redrove %d, want 1", n)
+		}
+		done <- err
+	}()
+	waitFor(t, 10*time.Second, "the Redrive to wait for the row lock", func() bool {
+		var waiting bool
+		must(t, s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE '%r AS MATERIALIZED%' AND position($1 IN query) > 0)`, s.table).Scan(&waiting))
+		return waiting
+	})
+	must(t, holder.Rollback(ctx))
+	must(t, <-done)
+	if st := inspect(t, s, ids[0]); st.Status != storage.StatusPending {
+		t.Fatalf("after the Redrive: %+v, want pending", st)
+	}
+}
+
 func TestStatsPurgeRedrive(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, Config{})
