@@ -134,11 +134,7 @@ r AS MATERIALIZED (SELECT id, status FROM %[1]s WHERE id = ANY(ARRAY(SELECT s.id
 	q := with + fmt.Sprintf(`d AS (UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL,
     due_at = now(), dead_at = NULL, hold = NULL
 WHERE %s RETURNING id, key)`, s.table, where)
-	if !s.config.DisableStrictOrdering {
-		// The rows of their keys parked behind them are set free too (see
-		// the claim): a re-driven record goes out first, then the rest of
-		// its key.
-		q += ",\n" + s.q.unparkLock + ",\nu AS (" + s.q.unparkSet + ")"
-	}
-	return q + "\nSELECT count(*) FROM d", args
+	// The rows of their keys parked behind them are set free too (see the
+	// claim): a re-driven record goes out first, then the rest of its key.
+	return q + s.q.unparkCTEs + "\nSELECT count(*) FROM d", args
 }

@@ -231,17 +231,13 @@ func (s *Storage) skipStatement() string {
 	// the claim), under the claim lock: a claim running meanwhile could
 	// otherwise park a row behind the record this statement removes, after
 	// the statement looked.
-	unpark := "" // nothing is parked without strict ordering
-	if !s.config.DisableStrictOrdering {
-		unpark = fmt.Sprintf(",\n%s,\nu AS (%s)", s.q.unparkLock, s.q.unparkSet)
-	}
 	return fmt.Sprintf(`WITH d AS (
     DELETE FROM %s WHERE id = $1 AND status = 'dead'
     RETURNING id, uuid, topic, key, payload, metadata, created_at, attempts, last_error),
 i AS (
     INSERT INTO %s (id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, skipped_at, reason)
     SELECT id, uuid, topic, key, payload, metadata, created_at, attempts, last_error, now(), $2 FROM d)%s
-SELECT count(*) FROM d`, s.table, s.skipped, unpark)
+SELECT count(*) FROM d`, s.table, s.skipped, s.q.unparkCTEs)
 }
 
 // skipMissed explains why Skip of the record id found no dead row.

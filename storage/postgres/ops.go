@@ -73,7 +73,7 @@ type queries struct {
 	plan, planLock, leave, join          string
 	writePlan, writePlanLock             string
 	extend, wake, sweep, parkMore        string
-	unparkLock, unparkSet                string
+	unparkCTEs                           string
 	lockLeases                           string
 }
 
@@ -222,6 +222,13 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
             ORDER BY b.key, b.id LIMIT 1) b))
     FOR UPDATE SKIP LOCKED)`, t, holdSet)
 	unparkSet := lockedByID(t, "ul")
+	// unparkCTEs: the unpark as the last CTEs of an operator's statement
+	// whose CTE d returns the rows it changed (Skip, Redrive); nothing
+	// without strict ordering, which parks nothing.
+	unparkCTEs := ""
+	if strict {
+		unparkCTEs = fmt.Sprintf(",\n%s,\nu AS (%s)", unparkLock, unparkSet)
+	}
 	// Every write-back deletes the worker's lease and updates the outbox row
 	// in one statement: the lease is the fence (a lease taken over by another
 	// worker has another leased_by, so the write-back matches nothing), and
@@ -891,8 +898,7 @@ m AS MATERIALIZED (SELECT o.id FROM %s o WHERE o.id = ANY($1) AND o.status = 'pe
 
 		deadLetter: deadLetter,
 
-		unparkLock: unparkLock,
-		unparkSet:  unparkSet,
+		unparkCTEs: unparkCTEs,
 
 		// sweep sets free the first held row of every key when it is parked
 		// with nothing before it that holds it back: no pending row (in
