@@ -133,9 +133,9 @@ type session struct {
 	// Dispatcher-owned.
 	keys      map[string][]*group // keys in a lane, with the groups queued behind
 	ready     []*group
-	batches   []*batch
-	inFlight  int // records claimed and not settled
-	running   int // groups handed to a lane and not finished
+	batches   []*batch // claimed and not yet settled (a settled one is dropped at once)
+	inFlight  int      // records claimed and not settled
+	running   int      // groups handed to a lane and not finished
 	nLanes    int
 	claiming  bool
 	extending bool
@@ -408,6 +408,11 @@ func (s *session) settle(g *group, n int) {
 	}
 	s.inFlight -= n
 	g.b.unsettled -= n
+	if g.b.unsettled == 0 {
+		// Forget the batch at once: its records (payloads included) are
+		// garbage from here on, not at the next lease renewal.
+		s.batches = slices.DeleteFunc(s.batches, func(b *batch) bool { return b.unsettled == 0 })
+	}
 	if g.settled() && s.claimAt.After(s.settleFloor) {
 		// A key is free again: what was held back behind it may be
 		// claimable. After an empty claim, not before PollMin though: a
@@ -456,23 +461,15 @@ func (s *session) releaseWaiting() {
 // extend starts the renewal of the leases of records still held whose lease
 // was not renewed during the last half tick.
 func (s *session) extend() {
-	live := s.batches[:0]
-	for _, b := range s.batches {
-		if b.unsettled > 0 {
-			live = append(live, b)
-		}
-	}
-	clear(s.batches[len(live):])
-	s.batches = live
 	// Extensions go on while stopping: publishes finishing within
 	// ShutdownTimeout still need their lease for the ack.
-	if s.extending || len(live) == 0 {
+	if s.extending || len(s.batches) == 0 {
 		return
 	}
 	now := time.Now()
 	horizon := now.Add(s.cfg.Lease - s.cfg.Lease/extendDivisor/2).UnixNano()
 	x := &extension{started: now}
-	for _, b := range live {
+	for _, b := range s.batches {
 		if b.deadline.Load() >= horizon {
 			continue
 		}
@@ -605,6 +602,7 @@ func (s *session) complete() {
 		started := time.Now()
 		s.ack(items)
 		ackTook = time.Since(started)
+		clear(items) // keep no record of a settled batch alive
 	}
 }
 
@@ -857,7 +855,7 @@ func (l *lane) publishGroup(g *group, from int) bool {
 
 		l.mu.Lock()
 		abandoned := l.abandoned
-		l.busy = false
+		l.busy, l.g = false, nil
 		l.mu.Unlock()
 		if abandoned {
 			return false // the supervisor recorded this record's outcome
