@@ -158,9 +158,9 @@ func (s *countSink) Publish(_ string, msgs ...*message.Message) error {
 }
 func (s *countSink) Close() error { return nil }
 
-// childRSS is the forwarder process: it forwards -drain records, prints
-// "DONE <forwarded> <seconds>" and waits for stdin to close, so the parent
-// can read its peak RSS while it is still alive.
+// childRSS is the forwarder process: it runs a forwarder until it has
+// forwarded -drain records, prints "DONE <forwarded> <seconds>" and waits for
+// stdin to close, so the parent can read its peak RSS while it is still alive.
 func childRSS(args []string) error {
 	fs := flag.NewFlagSet("child", flag.ContinueOnError)
 	url := fs.String("url", "", "database URL")
@@ -187,11 +187,18 @@ func childRSS(args []string) error {
 	if err != nil {
 		return err
 	}
-	start := time.Now()
-	for s.n.Load() < *drain {
-		if _, err := f.RunOnce(ctx); err != nil {
-			return err
+	// Run, as a relay in production runs: what it keeps between claims
+	// counts (RunOnce would free everything at each return).
+	runCtx, stop := context.WithCancel(ctx)
+	go func() {
+		defer stop()
+		for s.n.Load() < *drain {
+			time.Sleep(10 * time.Millisecond)
 		}
+	}()
+	start := time.Now()
+	if err := f.Run(runCtx); err != nil {
+		return err
 	}
 	fmt.Printf("DONE %d %f\n", s.n.Load(), time.Since(start).Seconds())
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // until the parent closes stdin
