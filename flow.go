@@ -432,6 +432,7 @@ func (s *session) freeKey(key string) {
 		return
 	}
 	s.ready = append(s.ready, q[0])
+	q[0] = nil // the queue's array must not keep the group once it is settled
 	s.keys[key] = q[1:]
 }
 
@@ -751,8 +752,11 @@ func (f *Forwarder) abandon(done <-chan struct{}) {
 // work publishes groups until the work channel closes or the lane is abandoned.
 func (l *lane) work() {
 	defer close(l.done)
-	if l.first != nil && !l.publishGroup(l.first, l.firstPos) {
-		return
+	if g := l.first; g != nil {
+		l.first = nil // this lane goes on with other groups: keep none of this one
+		if !l.publishGroup(g, l.firstPos) {
+			return
+		}
 	}
 	for g := range l.s.work {
 		if !l.publishGroup(g, 0) {
