@@ -450,6 +450,8 @@ func (s *session) releaseWaiting() {
 	var recs []storage.Record
 	for _, g := range waiting {
 		recs = append(recs, g.records...)
+		// Given back, not lost: an extension in flight will not find them.
+		g.next.Store(int64(len(g.records)))
 	}
 	s.release(recs, time.Now(), "stopping")
 	for _, g := range waiting {
