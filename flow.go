@@ -401,14 +401,12 @@ func (s *session) claimed(ev event) {
 	}
 }
 
-// settle counts n records of g as written back.
+// settle counts n records of g as written back (n may be 0: the group's lane
+// finished after the completer had acked all of it).
 func (s *session) settle(g *group, n int) {
-	if n == 0 {
-		return
-	}
 	s.inFlight -= n
 	g.b.unsettled -= n
-	if g.b.unsettled == 0 {
+	if n > 0 && g.b.unsettled == 0 {
 		// Forget the batch at once: its records (payloads included) are
 		// garbage from here on, not at the next lease renewal.
 		s.batches = slices.DeleteFunc(s.batches, func(b *batch) bool { return b.unsettled == 0 })

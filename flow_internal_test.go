@@ -109,3 +109,40 @@ func TestCompleterSplitsOnlyForPublishesThatWait(t *testing.T) {
 		}
 	}
 }
+
+// TestSettledKeyBringsClaimForwardWhateverTheOrder: a group whose records are
+// all acked frees its key, which brings the next claim forward (records held
+// behind the key may be claimable). The completer's ack may be handled
+// before the lane's "finished": the claim must come forward then too.
+func TestSettledKeyBringsClaimForwardWhateverTheOrder(t *testing.T) {
+	f, err := NewForwarder(&ackSizes{}, nopPublisher{}, ForwarderConfig{BatchSize: 10}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ackFirst := range []bool{false, true} {
+		s, cancel := f.newSession(t.Context(), false)
+		s.handle(event{kind: evClaimed, records: []storage.Record{{ID: 1, Key: "k"}}, started: time.Now()})
+		g := s.ready[0]
+		s.ready, s.running = nil, 1 // a lane took it
+		// As after an empty claim: the next one is far off, but a settled
+		// key may bring it forward to settleFloor.
+		floor := time.Now()
+		s.settleFloor, s.claimAt = floor, floor.Add(time.Hour)
+		finished := event{kind: evFinished, g: g}
+		acked := event{kind: evAcked, acked: []*group{g}}
+		if ackFirst {
+			s.handle(acked)
+			s.handle(finished)
+		} else {
+			s.handle(finished)
+			s.handle(acked)
+		}
+		if !s.claimAt.Equal(floor) {
+			t.Errorf("ack handled first: %t: the next claim is at %s from now, want it brought forward to the settle floor", ackFirst, time.Until(s.claimAt).Round(time.Second))
+		}
+		if s.inFlight != 0 || len(s.batches) != 0 {
+			t.Errorf("ack handled first: %t: %d records in flight and %d batches kept, want none", ackFirst, s.inFlight, len(s.batches))
+		}
+		cancel()
+	}
+}
