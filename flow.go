@@ -401,8 +401,9 @@ func (s *session) claimed(ev event) {
 	}
 }
 
-// settle counts n records of g as written back (n may be 0: the group's lane
-// finished after the completer had acked all of it).
+// settle counts n records of g as written back. n is 0 when a lane reports a
+// group finished that it settled nothing of itself; the check for a settled
+// group still runs, since the completer may have acked all of it first.
 func (s *session) settle(g *group, n int) {
 	s.inFlight -= n
 	g.b.unsettled -= n
