@@ -342,6 +342,9 @@ func (s *session) claimed(ev event) {
 	if ev.err != nil {
 		err := fmt.Errorf("claim outbox records: %w", ev.err)
 		s.claimAt = now.Add(s.cfg.StorageErrorDelay)
+		// Groups settling meanwhile must not bring the next claim before
+		// the delay: with the database down, each would be a failed claim.
+		s.settleFloor = s.claimAt
 		if s.once {
 			s.setErr(err)
 		} else {

@@ -2,6 +2,7 @@ package txoutbox
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -144,5 +145,28 @@ func TestSettledKeyBringsClaimForwardWhateverTheOrder(t *testing.T) {
 			t.Errorf("ack handled first: %t: %d records in flight and %d batches kept, want none", ackFirst, s.inFlight, len(s.batches))
 		}
 		cancel()
+	}
+}
+
+// TestSettledKeyKeepsTheStorageErrorDelay: after a failed claim the next one
+// waits StorageErrorDelay; a group settling meanwhile does not bring it
+// forward (with the database down, that would be one failed claim, and one
+// error logged, per group in flight). Found by a review.
+func TestSettledKeyKeepsTheStorageErrorDelay(t *testing.T) {
+	f, err := NewForwarder(&ackSizes{}, nopPublisher{}, ForwarderConfig{BatchSize: 10, StorageErrorDelay: time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, cancel := f.newSession(t.Context(), false)
+	defer cancel()
+	s.handle(event{kind: evClaimed, records: []storage.Record{{ID: 1, Key: "k"}}, started: time.Now()})
+	g := s.ready[0]
+	s.ready, s.running = nil, 1 // a lane took it
+	s.claiming = true
+	s.handle(event{kind: evClaimed, err: errors.New("connection refused"), started: time.Now()})
+	s.handle(event{kind: evFinished, g: g})
+	s.handle(event{kind: evAcked, acked: []*group{g}})
+	if wait := time.Until(s.claimAt); wait < 50*time.Second {
+		t.Errorf("the next claim is in %s after a failed claim, want the StorageErrorDelay of 1m", wait.Round(time.Second))
 	}
 }
