@@ -370,13 +370,13 @@ type stopStorage struct {
 	extendCalled chan struct{} // one send per Extend call
 	extendReturn chan struct{}
 	releaseDone  chan struct{} // closed by the first Release
-	mu           sync.Mutex
+	relMu        sync.Mutex    // guards released
 	released     map[int64]bool
 }
 
 func (s *stopStorage) Release(_ context.Context, p storage.ReleaseParams) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.relMu.Lock()
+	defer s.relMu.Unlock()
 	if s.released == nil {
 		close(s.releaseDone)
 		s.released = map[int64]bool{}
@@ -390,8 +390,8 @@ func (s *stopStorage) Release(_ context.Context, p storage.ReleaseParams) error 
 func (s *stopStorage) Extend(_ context.Context, p storage.ExtendParams) ([]int64, error) {
 	s.extendCalled <- struct{}{}
 	<-s.extendReturn
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.relMu.Lock()
+	defer s.relMu.Unlock()
 	var kept []int64
 	for _, id := range p.IDs {
 		if !s.released[id] {
