@@ -73,7 +73,7 @@ type options struct {
 	quick       bool
 	deleteOnAck bool
 	peer        bool   // run Watermill's forwarder too
-	repeat      int    // drain runs per setting; the median is reported
+	repeat      int    // drain, steady and latency runs per setting; medians are reported
 	cpuProfile  string // write a CPU profile of this process here
 	hotMsgs     int    // messages of each hotkey run
 
@@ -132,7 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.poll, "poll", 10*time.Millisecond, "idle poll interval of both relays in drain and steady runs")
 	fs.IntVar(&o.rate, "rate", 1000, "offered load of the latency scenario, msgs/s")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of the latency scenario")
-	fs.DurationVar(&o.warmup, "warmup", time.Second, "latency scenario: offered load before the measured -duration, whose latencies are not counted (both relays start cold: new connections, statements not yet planned)")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "latency and steady scenarios: the first stretch of the load, whose latencies are not counted (both relays start cold: new connections, statements not yet planned); in latency, offered before the measured -duration")
 	fs.StringVar(&wmPolls, "wm-poll", "1ms,10ms", "watermill poll intervals tried in the latency scenario; the best is reported (list)")
 	fs.IntVar(&o.wmLatMsgs, "wm-latency-messages", 5000, "cap on messages of watermill drains with broker latency (it forwards one at a time)")
 	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,hotkey,rss", "scenarios to run (list); hotkey: one key, then 10 keys carrying half the messages, 1 ms broker latency, the most -forwarders, a 2 s lease; outage (not in the default list, it adds minutes): txoutbox alone, strict ordering, a backlog of -outage-rows over -keys keys whose every key's head failed while the broker was down, drained once the retries are due, against a normal drain of the same backlog, at the first -latency, -batch and -forwarders; with -db mysql the default is insert,drain,steady")
@@ -146,7 +146,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.runTimeout, "run-timeout", 5*time.Minute, "bound on each run; a run that outlives it counts its undelivered messages as lost")
 	fs.BoolVar(&o.quick, "quick", false, "tiny smoke workload (small sizes for the flags not given)")
 	fs.BoolVar(&o.deleteOnAck, "delete-on-ack", false, "txoutbox: postgres.Config.DeleteOnAck (delete delivered rows instead of marking them)")
-	fs.IntVar(&o.repeat, "repeat", 1, "drain and latency runs of each relay per setting, alternating; the median rate (drain) or the median of each percentile (latency) is reported")
+	fs.IntVar(&o.repeat, "repeat", 1, "drain, steady and latency runs of each relay per setting, alternating; the median rate (drain), or the median of each figure (steady, latency) is reported")
 	fs.BoolVar(&o.peer, "peer", true, "also run Watermill's forwarder (false: txoutbox only, no ratios; for profiling)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (relays included) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -836,9 +836,10 @@ func (b *bench) together(ctx context.Context, kind string, cfg relayConfig, n in
 		return oc, err
 	}
 	start := time.Now()
+	// The first -warmup of the load is not measured: both relays start
+	// cold (new connections, statements planned at their first executions).
+	s.recordFrom.Store(start.Add(b.o.warmup).UnixNano())
 	if paced {
-		// The first -warmup of the offered load is not measured.
-		s.recordFrom.Store(start.Add(b.o.warmup).UnixNano())
 		err = b.produceAt(ctx, r, n, b.o.rate)
 	} else {
 		oc.insert, err = b.produce(ctx, r, n, true)
@@ -863,20 +864,32 @@ func (b *bench) steady(ctx context.Context) error {
 		for _, fw := range b.o.forwarders {
 			conc := b.concurrencyFor(0)
 			cfg := relayConfig{batch: batch, concurrency: conc, strict: true, poll: b.o.poll, forwarders: fw}
-			b.progress("steady txoutbox batch=%d forwarders=%d", batch, fw)
-			t, err := b.together(ctx, "txo", cfg, b.o.messages, 0, false)
-			if err != nil {
-				return err
-			}
-			var w outcome
-			if b.o.peer {
-				b.progress("steady watermill batch=%d forwarders=%d", batch, fw)
-				if w, err = b.together(ctx, "wm", cfg, b.o.messages, 0, false); err != nil {
+			// With -repeat, the relays take turns and the rate and each
+			// percentile are the medians of the runs, as in latency.
+			var txoRuns, wmRuns []outcome
+			for rep := range b.o.repeat {
+				b.progress("steady txoutbox batch=%d forwarders=%d (run %d of %d)", batch, fw, rep+1, b.o.repeat)
+				t, err := b.together(ctx, "txo", cfg, b.o.messages, 0, false)
+				if err != nil {
 					return err
 				}
+				txoRuns = append(txoRuns, t)
+				if b.o.peer {
+					b.progress("steady watermill batch=%d forwarders=%d (run %d of %d)", batch, fw, rep+1, b.o.repeat)
+					w, err := b.together(ctx, "wm", cfg, b.o.messages, 0, false)
+					if err != nil {
+						return err
+					}
+					wmRuns = append(wmRuns, w)
+				}
+			}
+			t, w := medianRuns(txoRuns), medianRuns(wmRuns)
+			runs := ""
+			if b.o.repeat > 1 {
+				runs = fmt.Sprintf(", median of %d runs", b.o.repeat)
 			}
 			b.rows = append(b.rows, row{
-				scenario: "steady", settings: fmt.Sprintf("latency=0 batch=%d fwd=%d strict=on conc=%d; p99 lag txo %s, wm %s", batch, fw, conc, t.p99.Round(time.Millisecond), w.p99.Round(time.Millisecond)),
+				scenario: "steady", settings: fmt.Sprintf("latency=0 batch=%d fwd=%d strict=on conc=%d; p99 lag after %s warm-up txo %s, wm %s%s", batch, fw, conc, b.o.warmup, ms(t.p99), ms(w.p99), runs),
 				txo: rate(t.rate), wm: rate(w.rate), ratio: ratio(t.rate, w.rate), txoDL: t.dl(), wmDL: w.dl(),
 			})
 		}
@@ -923,7 +936,7 @@ func (b *bench) latency(ctx context.Context) error {
 			polls = append(polls, bestPoll)
 		}
 	}
-	t, best := medianLatency(txoRuns), medianLatency(wmRuns)
+	t, best := medianRuns(txoRuns), medianRuns(wmRuns)
 	wmPoll := "-"
 	if len(polls) > 0 {
 		// The best poll of each run: "1ms", or "[1ms 10ms]" when it varied.
@@ -946,17 +959,18 @@ func (b *bench) latency(ctx context.Context) error {
 	return nil
 }
 
-// medianLatency returns the median p50 and p99 of runs, each taken on its
-// own, with the duplicates and losses of all the runs added up.
-func medianLatency(runs []outcome) outcome {
+// medianRuns returns the median rate, p50 and p99 of runs, each taken on
+// its own, with the duplicates and losses of all the runs added up.
+func medianRuns(runs []outcome) outcome {
 	var m outcome
 	if len(runs) == 0 {
 		return m
 	}
 	p50s := make([]time.Duration, len(runs))
 	p99s := make([]time.Duration, len(runs))
+	rates := make([]float64, len(runs))
 	for i, r := range runs {
-		p50s[i], p99s[i] = r.p50, r.p99
+		p50s[i], p99s[i], rates[i] = r.p50, r.p99, r.rate
 		m.dup += r.dup
 		m.lost += r.lost
 		m.reorders += r.reorders
@@ -964,7 +978,8 @@ func medianLatency(runs []outcome) outcome {
 	}
 	slices.Sort(p50s)
 	slices.Sort(p99s)
-	m.p50, m.p99 = p50s[len(runs)/2], p99s[len(runs)/2]
+	slices.Sort(rates)
+	m.p50, m.p99, m.rate = p50s[len(runs)/2], p99s[len(runs)/2], rates[len(runs)/2]
 	return m
 }
 

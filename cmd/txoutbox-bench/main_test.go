@@ -128,21 +128,21 @@ func TestSinkLeavesTheWarmUpOutOfTheLatencies(t *testing.T) {
 	}
 }
 
-// TestMedianLatencyTakesEachPercentileOnItsOwn: with -repeat, the latency
-// scenario reports the median p50 and the median p99 of the runs, which may
-// come from different runs, and adds up their duplicates and losses.
-func TestMedianLatencyTakesEachPercentileOnItsOwn(t *testing.T) {
+// TestMedianRunsTakesEachFigureOnItsOwn: with -repeat, the latency and
+// steady scenarios report the median rate, p50 and p99 of the runs, which
+// may come from different runs, and add up their duplicates and losses.
+func TestMedianRunsTakesEachFigureOnItsOwn(t *testing.T) {
 	ms := time.Millisecond
-	got := medianLatency([]outcome{
-		{p50: 2 * ms, p99: 40 * ms, n: 10, dup: 1},
-		{p50: 3 * ms, p99: 5 * ms, n: 10},
-		{p50: 9 * ms, p99: 6 * ms, n: 10, lost: 2},
+	got := medianRuns([]outcome{
+		{p50: 2 * ms, p99: 40 * ms, rate: 900, n: 10, dup: 1},
+		{p50: 3 * ms, p99: 5 * ms, rate: 100, n: 10},
+		{p50: 9 * ms, p99: 6 * ms, rate: 500, n: 10, lost: 2},
 	})
-	if got.p50 != 3*ms || got.p99 != 6*ms || got.n != 30 || got.dup != 1 || got.lost != 2 {
-		t.Errorf("medianLatency = p50 %s p99 %s n %d dup %d lost %d; want 3ms, 6ms, 30, 1, 2", got.p50, got.p99, got.n, got.dup, got.lost)
+	if got.p50 != 3*ms || got.p99 != 6*ms || got.rate != 500 || got.n != 30 || got.dup != 1 || got.lost != 2 {
+		t.Errorf("medianRuns = p50 %s p99 %s rate %.0f n %d dup %d lost %d; want 3ms, 6ms, 500, 30, 1, 2", got.p50, got.p99, got.rate, got.n, got.dup, got.lost)
 	}
-	if got := medianLatency(nil); got.p99 != 0 {
-		t.Errorf("medianLatency(nil).p99 = %s, want 0 (no runs: the table shows -)", got.p99)
+	if got := medianRuns(nil); got.p99 != 0 {
+		t.Errorf("medianRuns(nil).p99 = %s, want 0 (no runs: the table shows -)", got.p99)
 	}
 }
 
