@@ -170,3 +170,39 @@ func TestSettledKeyKeepsTheStorageErrorDelay(t *testing.T) {
 		t.Errorf("the next claim is in %s after a failed claim, want the StorageErrorDelay of 1m", wait.Round(time.Second))
 	}
 }
+
+// TestSettledKeyBringsClaimForwardAfterTheFirstEmptyClaim: the first claim
+// that finds nothing after one that found records does not hold the next
+// claim PollMin away from a group settling (records are most likely still
+// coming); from the second empty claim in a row on it does (the table is
+// idle, and settling groups must not become a stream of claims).
+func TestSettledKeyBringsClaimForwardAfterTheFirstEmptyClaim(t *testing.T) {
+	f, err := NewForwarder(&ackSizes{}, nopPublisher{}, ForwarderConfig{BatchSize: 10, PollMin: time.Hour, PollMax: 4 * time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, cancel := f.newSession(t.Context(), false)
+	defer cancel()
+	s.handle(event{kind: evClaimed, records: []storage.Record{{ID: 1, Key: "a"}, {ID: 2, Key: "b"}}, started: time.Now()})
+	a, b := s.ready[0], s.ready[1]
+	s.ready, s.running = nil, 2 // lanes took them
+	settle := func(g *group) {
+		s.handle(event{kind: evFinished, g: g})
+		s.handle(event{kind: evAcked, acked: []*group{g}})
+	}
+
+	s.handle(event{kind: evClaimed, started: time.Now()}) // the first empty claim
+	if wait := time.Until(s.claimAt); wait < 30*time.Minute {
+		t.Fatalf("after an empty claim the next one is in %s, want PollMin (1h) while nothing settles", wait.Round(time.Second))
+	}
+	settle(a)
+	if wait := time.Until(s.claimAt); wait > 0 {
+		t.Errorf("a group settled after the first empty claim: the next claim is in %s, want it at once", wait.Round(time.Second))
+	}
+
+	s.handle(event{kind: evClaimed, started: time.Now()}) // the second in a row
+	settle(b)
+	if wait := time.Until(s.claimAt); wait < 30*time.Minute {
+		t.Errorf("a group settled after two empty claims in a row: the next claim is in %s, want PollMin (1h)", wait.Round(time.Second))
+	}
+}
