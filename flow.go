@@ -145,7 +145,7 @@ type session struct {
 	// before settleFloor (PollMin after the last empty claim, unless the
 	// claim before it found records).
 	settleFloor time.Time
-	lastEmpty   bool // the last claim that returned found nothing
+	lastEmpty   bool // set by a claim that found nothing, cleared by one that found records
 	poll        time.Duration
 	stopping    bool
 	throttled   bool // claims paused for abandoned publishes (logged once)
@@ -429,11 +429,13 @@ func (s *session) settle(g *group, n int) {
 	}
 	if g.settled() && s.claimAt.After(s.settleFloor) {
 		// A key is free again: what was held back behind it may be
-		// claimable. After two empty claims in a row, not before PollMin
-		// though: a stream of settling groups must not turn into a stream
-		// of claims of an idle table. After the first, at once: with
-		// producers writing flat out, nine in ten of the records whose lag
-		// made the p99 were claimed after such a wait (docs/benchmarks.md).
+		// claimable. From the second empty claim since the last one that
+		// found records on, not before PollMin though (nor, after a failed
+		// claim, before StorageErrorDelay): a stream of settling groups must
+		// not turn into a stream of claims of an idle table. After the
+		// first, at once: with producers writing flat out, nine in ten of
+		// the records whose lag made the steady p99 had been claimed after
+		// such a PollMin wait (docs/benchmarks.md, 2026-12-05 late evening).
 		s.claimAt = s.settleFloor
 	}
 }

@@ -222,7 +222,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		quick := map[string]func(){
 			"messages": func() { o.messages = 1000 }, "keys": func() { o.keys = 100 },
-			"rate": func() { o.rate = 500 }, "duration": func() { o.duration = time.Second }, "warmup": func() { o.warmup = 200 * time.Millisecond },
+			"rate": func() { o.rate = 500 }, "duration": func() { o.duration = time.Second }, "warmup": func() { o.warmup = 0 },
 			"rss-rows": func() { o.rssRows = 20000 }, "rss-drain": func() { o.rssDrain = 5000 },
 			"wm-latency-messages": func() { o.wmLatMsgs = 300 }, "batch": func() { o.batches = []int{100} },
 			"hot-messages": func() { o.hotMsgs = 300 },

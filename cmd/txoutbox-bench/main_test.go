@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -64,6 +65,11 @@ func TestQuickRunsEveryScenario(t *testing.T) {
 	}
 	if strings.Contains(text, "FAIL") {
 		t.Errorf("output reports a failure:\n%s", text)
+	}
+	// A smoke run measures no warm-up, so steady has lags to report (with
+	// the full run's warm-up its few messages were all sent before it).
+	if !regexp.MustCompile(`steady .* txo [0-9.]+ms, wm [0-9.]+ms`).MatchString(text) {
+		t.Errorf("the steady rows report no p99 lag:\n%s", text)
 	}
 	checkNoBenchTables(t, url)
 }
