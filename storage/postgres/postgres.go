@@ -81,7 +81,7 @@ type Config struct {
 	// four to eight. It pays where commits are few and a forwarder would
 	// otherwise sleep PollMin to PollMax between them; above a few hundred
 	// commits a second a forwarder claims back to back anyway, and polling
-	// with a short PollMin costs the producers nothing.
+	// with a short PollMin adds no lock to the producers' commits.
 	NotifyChannel string
 
 	// HoldOnDeadLetter makes a dead-lettered record hold back the later
