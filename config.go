@@ -138,7 +138,9 @@ type ForwarderConfig struct {
 	PollMin time.Duration
 	// PollMax caps the idle sleep while the table stays empty. Defaults to 5s.
 	PollMax time.Duration
-	// PollFactor multiplies the idle sleep after each empty claim; >= 1.
+	// PollFactor multiplies the idle sleep after each empty claim once
+	// claims have found nothing for four PollMin (until then an empty claim
+	// sleeps PollMin: a lull in a stream is not an idle table); >= 1.
 	// Defaults to 2.
 	PollFactor float64
 	// StorageErrorDelay is the wait after a failed claim before the next one.

@@ -145,7 +145,8 @@ type session struct {
 	// before settleFloor (PollMin after the last empty claim, unless the
 	// claim before it found records).
 	settleFloor time.Time
-	lastEmpty   bool // set by a claim that found nothing, cleared by one that found records
+	lastEmpty   bool      // set by a claim that found nothing, cleared by one that found records
+	foundAt     time.Time // when a claim last found records (zero: none has yet)
 	poll        time.Duration
 	stopping    bool
 	throttled   bool // claims paused for abandoned publishes (logged once)
@@ -338,6 +339,17 @@ func (s *session) handle(ev event) {
 	}
 }
 
+// quietPolls: the idle sleep grows by PollFactor only once claims have
+// found nothing for this many PollMin; until then a claim that finds nothing
+// sleeps PollMin. Producers that write flat out commit in bunches (they wait
+// for the same WAL flush), and the lulls between bunches are a few
+// milliseconds: with the sleep doubled from the second empty claim in a row,
+// one forwarder at batch 1000 and PollMin 10 ms slept 20 ms now and then in
+// a stream of 16k messages a second, and the few hundred records committed
+// meanwhile set its p99 lag (docs/benchmarks.md, 2026-12-05 night). An idle
+// table costs at most quietPolls more claims after its last record.
+const quietPolls = 4
+
 func (s *session) claimed(ev event) {
 	s.claiming = false
 	now := time.Now()
@@ -373,9 +385,12 @@ func (s *session) claimed(ev event) {
 			s.settleFloor = now
 		}
 		s.lastEmpty = true
-		s.poll = min(time.Duration(float64(s.poll)*s.cfg.PollFactor), s.cfg.PollMax)
+		if now.Sub(s.foundAt) >= quietPolls*s.cfg.PollMin {
+			s.poll = min(time.Duration(float64(s.poll)*s.cfg.PollFactor), s.cfg.PollMax)
+		}
 		return
 	}
+	s.foundAt = now
 	s.lastEmpty = false
 	s.poll = s.cfg.PollMin
 	s.claimAt = time.Time{}

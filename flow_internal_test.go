@@ -206,3 +206,49 @@ func TestSettledKeyBringsClaimForwardAfterTheFirstEmptyClaim(t *testing.T) {
 		t.Errorf("a group settled after two empty claims in a row: the next claim is in %s, want PollMin (1h)", wait.Round(time.Second))
 	}
 }
+
+// TestIdleSleepGrowsOnlyOnceTheTableIsQuiet: after a claim that found
+// records, claims that find nothing sleep PollMin, not longer, until claims
+// have found nothing for quietPolls PollMin; then the sleep grows by
+// PollFactor. A session that has found nothing yet backs off from its second
+// empty claim.
+func TestIdleSleepGrowsOnlyOnceTheTableIsQuiet(t *testing.T) {
+	f, err := NewForwarder(&ackSizes{}, nopPublisher{}, ForwarderConfig{BatchSize: 10, PollMin: time.Hour, PollMax: 100 * time.Hour, PollFactor: 2}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// sleep runs an empty claim and returns how long the session then
+	// sleeps before the next one, to the hour.
+	sleep := func(s *session) time.Duration {
+		s.claiming = true
+		s.handle(event{kind: evClaimed, started: time.Now()})
+		return time.Until(s.claimAt).Round(time.Hour)
+	}
+
+	s, cancel := f.newSession(t.Context(), false)
+	defer cancel()
+	s.handle(event{kind: evClaimed, records: []storage.Record{{ID: 1, Key: "a"}}, started: time.Now()})
+	s.ready, s.running = nil, 1 // a lane took it
+	for i := 1; i <= 3; i++ {
+		if got := sleep(s); got != time.Hour {
+			t.Fatalf("empty claim %d right after records were found: sleeps %s, want PollMin (1h)", i, got)
+		}
+	}
+	s.foundAt = time.Now().Add(-quietPolls * time.Hour) // quiet for quietPolls PollMin
+	if got := sleep(s); got != time.Hour {
+		t.Fatalf("the first empty claim once the table is quiet sleeps %s, want PollMin (1h)", got)
+	}
+	for _, want := range []time.Duration{2 * time.Hour, 4 * time.Hour} {
+		if got := sleep(s); got != want {
+			t.Fatalf("an empty claim of a quiet table sleeps %s, want %s (growing by PollFactor)", got, want)
+		}
+	}
+
+	fresh, cancelFresh := f.newSession(t.Context(), false)
+	defer cancelFresh()
+	for _, want := range []time.Duration{time.Hour, 2 * time.Hour, 4 * time.Hour} {
+		if got := sleep(fresh); got != want {
+			t.Fatalf("a session that has found nothing yet: an empty claim sleeps %s, want %s", got, want)
+		}
+	}
+}
