@@ -146,7 +146,7 @@ type session struct {
 	// claim before it found records).
 	settleFloor time.Time
 	lastEmpty   bool      // set by a claim that found nothing, cleared by one that found records
-	foundAt     time.Time // when a claim last found records (zero: none has yet)
+	emptySince  time.Time // when the first of the empty claims in a row started
 	poll        time.Duration
 	stopping    bool
 	throttled   bool // claims paused for abandoned publishes (logged once)
@@ -340,14 +340,16 @@ func (s *session) handle(ev event) {
 }
 
 // quietPolls: the idle sleep grows by PollFactor only once claims have
-// found nothing for this many PollMin; until then a claim that finds nothing
-// sleeps PollMin. Producers that write flat out commit in bunches (they wait
-// for the same WAL flush), and the lulls between bunches are a few
-// milliseconds: with the sleep doubled from the second empty claim in a row,
-// one forwarder at batch 1000 and PollMin 10 ms slept 20 ms now and then in
-// a stream of 16k messages a second, and the few hundred records committed
-// meanwhile set its p99 lag (docs/benchmarks.md, 2026-12-05 night). An idle
-// table costs at most quietPolls more claims after its last record.
+// found nothing for this many PollMin (from the start of the first empty
+// claim in a row); until then a claim that finds nothing sleeps PollMin.
+// Producers that write flat out commit in bunches (they wait for the same
+// WAL flush), and the lulls between bunches are a few milliseconds: with
+// the sleep doubled from the second empty claim in a row, one forwarder at
+// batch 1000 and PollMin 10 ms slept 20 ms now and then in a stream of 16k
+// messages a second, and the few hundred records committed meanwhile set its
+// p99 lag (docs/benchmarks.md, "A lull in a stream no longer doubles the
+// idle sleep"). An idle table costs four or five more claims after its last
+// record, and so does a Run that starts on one.
 const quietPolls = 4
 
 func (s *session) claimed(ev event) {
@@ -383,14 +385,14 @@ func (s *session) claimed(ev event) {
 			// Once only: from the next empty claim on, the table is
 			// idle and settles wait for PollMin (see settle).
 			s.settleFloor = now
+			s.emptySince = ev.started
 		}
 		s.lastEmpty = true
-		if now.Sub(s.foundAt) >= quietPolls*s.cfg.PollMin {
+		if now.Sub(s.emptySince) >= quietPolls*s.cfg.PollMin {
 			s.poll = min(time.Duration(float64(s.poll)*s.cfg.PollFactor), s.cfg.PollMax)
 		}
 		return
 	}
-	s.foundAt = now
 	s.lastEmpty = false
 	s.poll = s.cfg.PollMin
 	s.claimAt = time.Time{}

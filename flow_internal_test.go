@@ -207,48 +207,47 @@ func TestSettledKeyBringsClaimForwardAfterTheFirstEmptyClaim(t *testing.T) {
 	}
 }
 
-// TestIdleSleepGrowsOnlyOnceTheTableIsQuiet: after a claim that found
-// records, claims that find nothing sleep PollMin, not longer, until claims
-// have found nothing for quietPolls PollMin; then the sleep grows by
-// PollFactor. A session that has found nothing yet backs off from its second
-// empty claim.
+// TestIdleSleepGrowsOnlyOnceTheTableIsQuiet: claims that find nothing
+// sleep PollMin, not longer, however many of them in a row, until claims
+// have found nothing for quietPolls PollMin (from the start of the first
+// empty claim in a row); then the sleep grows by PollFactor. Time is what
+// counts, not the number of empty claims, and not the time since records
+// were last found (a forwarder that could not claim for a while, at
+// MaxInFlight, is not idle). A claim that finds records starts over.
 func TestIdleSleepGrowsOnlyOnceTheTableIsQuiet(t *testing.T) {
 	f, err := NewForwarder(&ackSizes{}, nopPublisher{}, ForwarderConfig{BatchSize: 10, PollMin: time.Hour, PollMax: 100 * time.Hour, PollFactor: 2}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// sleep runs an empty claim and returns how long the session then
-	// sleeps before the next one, to the hour.
-	sleep := func(s *session) time.Duration {
-		s.claiming = true
-		s.handle(event{kind: evClaimed, started: time.Now()})
-		return time.Until(s.claimAt).Round(time.Hour)
-	}
-
 	s, cancel := f.newSession(t.Context(), false)
 	defer cancel()
-	s.handle(event{kind: evClaimed, records: []storage.Record{{ID: 1, Key: "a"}}, started: time.Now()})
-	s.ready, s.running = nil, 1 // a lane took it
-	for i := 1; i <= 3; i++ {
-		if got := sleep(s); got != time.Hour {
-			t.Fatalf("empty claim %d right after records were found: sleeps %s, want PollMin (1h)", i, got)
-		}
+	// claim runs a claim that started at started and returns how long the
+	// session then sleeps before the next one, to the hour.
+	claim := func(started time.Time, records ...storage.Record) time.Duration {
+		s.claiming = true
+		s.handle(event{kind: evClaimed, records: records, started: started})
+		return time.Until(s.claimAt).Round(time.Hour)
 	}
-	s.foundAt = time.Now().Add(-quietPolls * time.Hour) // quiet for quietPolls PollMin
-	if got := sleep(s); got != time.Hour {
-		t.Fatalf("the first empty claim once the table is quiet sleeps %s, want PollMin (1h)", got)
-	}
-	for _, want := range []time.Duration{2 * time.Hour, 4 * time.Hour} {
-		if got := sleep(s); got != want {
-			t.Fatalf("an empty claim of a quiet table sleeps %s, want %s (growing by PollFactor)", got, want)
+	// quiet runs empty claims, all started now, and checks each one's sleep.
+	quiet := func(what string, want ...time.Duration) {
+		t.Helper()
+		for i, w := range want {
+			if got := claim(time.Now()); got != w {
+				t.Fatalf("%s: empty claim %d sleeps %s, want %s", what, i+1, got, w)
+			}
 		}
 	}
 
-	fresh, cancelFresh := f.newSession(t.Context(), false)
-	defer cancelFresh()
-	for _, want := range []time.Duration{time.Hour, 2 * time.Hour, 4 * time.Hour} {
-		if got := sleep(fresh); got != want {
-			t.Fatalf("a session that has found nothing yet: an empty claim sleeps %s, want %s", got, want)
-		}
+	// Records found long ago (a forwarder held at MaxInFlight claims
+	// nothing for a while): the quiet time starts with the first empty claim.
+	claim(time.Now().Add(-10*time.Hour), storage.Record{ID: 1, Key: "a"})
+	s.ready, s.running = nil, 1 // a lane took it
+	quiet("a lull after records were found", time.Hour, time.Hour, time.Hour, time.Hour, time.Hour, time.Hour)
+	s.emptySince = time.Now().Add(-quietPolls * time.Hour) // quiet for quietPolls PollMin
+	quiet("a quiet table", time.Hour, 2*time.Hour, 4*time.Hour)
+
+	if got := claim(time.Now(), storage.Record{ID: 2, Key: "b"}); got > 0 {
+		t.Fatalf("a claim that found records: the next one is in %s, want it at once", got)
 	}
+	quiet("a lull after records were found again", time.Hour, time.Hour, time.Hour)
 }
