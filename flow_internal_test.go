@@ -251,3 +251,44 @@ func TestIdleSleepGrowsOnlyOnceTheTableIsQuiet(t *testing.T) {
 	}
 	quiet("a lull after records were found again", time.Hour, time.Hour, time.Hour)
 }
+
+// TestCaughtUpClaimsComePollMinHalfApart: a claim that found fewer records
+// than it asked for took all there was, and the next one comes PollMin/2
+// after it started; a group settling meanwhile does not bring it forward.
+// A claim that filled what it asked for is followed at once, and so is one
+// during which the forwarder was woken.
+func TestCaughtUpClaimsComePollMinHalfApart(t *testing.T) {
+	f, err := NewForwarder(&ackSizes{}, nopPublisher{}, ForwarderConfig{BatchSize: 10, PollMin: 2 * time.Hour, PollMax: 4 * time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, cancel := f.newSession(t.Context(), false)
+	defer cancel()
+	started := time.Now()
+	s.claiming = true
+	s.handle(event{kind: evClaimed, records: []storage.Record{{ID: 1, Key: "a"}}, asked: 10, started: started})
+	if !s.claimAt.Equal(started.Add(time.Hour)) {
+		t.Fatalf("after a claim that found 1 of 10 records the next one is in %s, want PollMin/2 (1h) after it started", time.Until(s.claimAt).Round(time.Minute))
+	}
+	g := s.ready[0]
+	s.ready, s.running = nil, 1 // a lane took it
+	s.handle(event{kind: evFinished, g: g})
+	s.handle(event{kind: evAcked, acked: []*group{g}})
+	if !s.claimAt.Equal(started.Add(time.Hour)) {
+		t.Fatalf("a group settled: the next claim is in %s, want it left PollMin/2 after the last one started", time.Until(s.claimAt).Round(time.Minute))
+	}
+
+	s.claiming = true
+	s.handle(event{kind: evClaimed, records: []storage.Record{{ID: 2, Key: "b"}, {ID: 3, Key: "c"}}, asked: 2, started: time.Now()})
+	if !s.claimAt.IsZero() {
+		t.Fatalf("after a claim that filled what it asked for the next one is in %s, want it at once", time.Until(s.claimAt).Round(time.Minute))
+	}
+
+	// Woken during the claim (as run does on Wake): what woke it may have
+	// committed after the claim's snapshot, and must not wait PollMin/2.
+	s.claiming, s.wokenDuringClaim = true, true
+	s.handle(event{kind: evClaimed, records: []storage.Record{{ID: 4, Key: "d"}}, asked: 10, started: time.Now()})
+	if !s.claimAt.IsZero() {
+		t.Fatalf("woken during a claim that found 1 of 10 records: the next claim is in %s, want it at once", time.Until(s.claimAt).Round(time.Minute))
+	}
+}
