@@ -133,10 +133,8 @@ type ForwarderConfig struct {
 	// MaxAbandonedPublishes+Concurrency goroutines are ever stuck in the
 	// target. Defaults to Concurrency.
 	MaxAbandonedPublishes int
-	// PollMin is the first idle sleep after a claim found nothing. A claim
-	// that found fewer records than it asked for (the forwarder has caught
-	// up) is followed by the next one PollMin/2 after it started; one that
-	// filled what it asked for, at once. Defaults to 50ms.
+	// PollMin is the first idle sleep after a claim found nothing. Defaults
+	// to 50ms.
 	PollMin time.Duration
 	// PollMax caps the idle sleep while the table stays empty. Defaults to 5s.
 	PollMax time.Duration

@@ -81,7 +81,6 @@ type event struct {
 	g       *group
 	acked   []*group // evAcked: the group of each acked record
 	records []storage.Record
-	asked   int // evClaimed: how many records the claim asked for
 	started time.Time
 	err     error
 	ext     *extension
@@ -316,7 +315,7 @@ func (s *session) startClaim() {
 		ctx, cancel := s.f.bookkeepingCtx(s.stop)
 		recs, err := s.f.store.Claim(ctx, storage.ClaimParams{BatchSize: n, Lease: s.cfg.Lease, WorkerID: s.cfg.WorkerID})
 		cancel()
-		s.events <- event{kind: evClaimed, records: recs, asked: n, err: err, started: started}
+		s.events <- event{kind: evClaimed, records: recs, err: err, started: started}
 	}()
 }
 
@@ -397,24 +396,6 @@ func (s *session) claimed(ev event) {
 	s.lastEmpty = false
 	s.poll = s.cfg.PollMin
 	s.claimAt = time.Time{}
-	if len(ev.records) < ev.asked && !woken {
-		// The claim took all there was: the forwarder has caught up with
-		// its stream. The next claim comes PollMin/2 after this one
-		// started (a wake brings it at once, one during this claim too; a
-		// group settling does not).
-		// Claimed back to back, a caught-up forwarder took a few records
-		// a claim, often none, and every empty claim slept PollMin; each
-		// claim costs the database about as much as a batch of a hundred
-		// rows, taken from the producers on a shared machine. Paced, each
-		// claim takes what came meanwhile and seldom finds nothing: one
-		// forwarder at batch 1000 and PollMin 10 ms, four producers
-		// writing flat out, p99 lag 19.7 to 14.1 ms over nine runs each,
-		// producers 13% faster (docs/benchmarks.md, "A caught-up forwarder
-		// claims every PollMin/2"). A claim that filled what it asked for
-		// is followed at once: there may be more.
-		s.claimAt = ev.started.Add(s.cfg.PollMin / 2)
-		s.settleFloor = s.claimAt
-	}
 	s.mu.Lock()
 	s.result.Claimed += len(ev.records)
 	s.mu.Unlock()
