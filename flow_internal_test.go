@@ -211,9 +211,8 @@ func TestSettledKeyBringsClaimForwardAfterTheFirstEmptyClaim(t *testing.T) {
 // sleep PollMin, not longer, however many of them in a row, until claims
 // have found nothing for quietPolls PollMin (from the start of the first
 // empty claim in a row); then the sleep grows by PollFactor. Time is what
-// counts, not the number of empty claims, and not the time since records
-// were last found (a forwarder that could not claim for a while, at
-// MaxInFlight, is not idle). A claim that finds records starts over.
+// counts, not the number of empty claims. A claim that finds records starts
+// over.
 func TestIdleSleepGrowsOnlyOnceTheTableIsQuiet(t *testing.T) {
 	f, err := NewForwarder(&ackSizes{}, nopPublisher{}, ForwarderConfig{BatchSize: 10, PollMin: time.Hour, PollMax: 100 * time.Hour, PollFactor: 2}, nil)
 	if err != nil {
@@ -238,8 +237,9 @@ func TestIdleSleepGrowsOnlyOnceTheTableIsQuiet(t *testing.T) {
 		}
 	}
 
-	// Records found long ago (a forwarder held at MaxInFlight claims
-	// nothing for a while): the quiet time starts with the first empty claim.
+	// A claim that started long before (a forwarder held at MaxInFlight
+	// claims nothing for a while): the quiet time starts with the first
+	// empty claim, not with it.
 	claim(time.Now().Add(-10*time.Hour), storage.Record{ID: 1, Key: "a"})
 	s.ready, s.running = nil, 1 // a lane took it
 	quiet("a lull after records were found", time.Hour, time.Hour, time.Hour, time.Hour, time.Hour, time.Hour)
