@@ -145,11 +145,12 @@ type session struct {
 	// before settleFloor (PollMin after the last empty claim, unless the
 	// claim before it found records).
 	settleFloor time.Time
-	lastEmpty   bool      // set by a claim that found nothing, cleared by one that found records
-	emptySince  time.Time // when the first of the empty claims in a row started
-	poll        time.Duration
-	stopping    bool
-	throttled   bool // claims paused for abandoned publishes (logged once)
+	// emptySince: when the first of the empty claims in a row started;
+	// zero after a claim that found records, and before the first claim.
+	emptySince time.Time
+	poll       time.Duration
+	stopping   bool
+	throttled  bool // claims paused for abandoned publishes (logged once)
 	// wokenDuringClaim: Wake was called while a claim was in flight.
 	wokenDuringClaim bool
 }
@@ -378,7 +379,7 @@ func (s *session) claimed(ev event) {
 	if len(ev.records) == 0 {
 		s.claimAt = now.Add(s.poll)
 		s.settleFloor = now.Add(s.cfg.PollMin)
-		if !s.lastEmpty {
+		if s.emptySince.IsZero() {
 			// The first empty claim after one that found records: records
 			// are still coming, most likely, and a group settling brings
 			// the next claim forward at once rather than PollMin later.
@@ -387,13 +388,12 @@ func (s *session) claimed(ev event) {
 			s.settleFloor = now
 			s.emptySince = ev.started
 		}
-		s.lastEmpty = true
 		if now.Sub(s.emptySince) >= quietPolls*s.cfg.PollMin {
 			s.poll = min(time.Duration(float64(s.poll)*s.cfg.PollFactor), s.cfg.PollMax)
 		}
 		return
 	}
-	s.lastEmpty = false
+	s.emptySince = time.Time{}
 	s.poll = s.cfg.PollMin
 	s.claimAt = time.Time{}
 	s.mu.Lock()
