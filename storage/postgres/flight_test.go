@@ -293,3 +293,60 @@ func TestParkingWaitsForLateAcksOfItsKey(t *testing.T) {
 		t.Fatalf("claimed %v after every ack, want %v", got, backlog)
 	}
 }
+
+// TestNoParkingBelowARecordInFlight: no statement parks a row below a
+// record of its key in flight, whichever parks it (a nack behind its record,
+// a release behind a record waiting for its retry, a claim behind one). The
+// ack of records on both sides of such a row sets free the first held row
+// after the highest of them, and would pass it: here r0 waits for its retry
+// while r1, r2 and r4 are in flight (taken along behind r0 before its second
+// nack) and r3, between them, is set back. r0's ack sets free r1, parked
+// while in flight; the ack of r1, r2 and r4 sets free r5; had r3 been
+// parked, nothing would set it free but the sweep, and it would hold r5 and
+// r6 back (the stress test found it).
+func TestNoParkingBelowARecordInFlight(t *testing.T) {
+	t.Parallel()
+	for _, by := range []string{"nack", "release", "claim"} {
+		t.Run(by, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			s := newStore(t, Config{})
+			s.nextSweep.Store(time.Now().Add(time.Hour).UnixNano())
+			r := parkBehindHead(t, s, "k", 7)
+			if got := idsOf(claim(t, s, "w", 5, time.Minute)); !slices.Equal(got, r[:5]) {
+				t.Fatalf("claimed %v, want %v (the head and the rows parked behind it)", got, r[:5])
+			}
+			nack := func(id int64, due time.Time) {
+				t.Helper()
+				must(t, s.Nack(ctx, storage.NackParams{ID: id, WorkerID: "w", Error: "x", RetryAt: due}))
+			}
+			due := time.Now().Add(300 * time.Millisecond)
+			switch by {
+			case "nack": // r0's nack parks the rows behind it
+				nack(r[3], time.Now())
+				nack(r[0], due)
+			case "release": // released behind r0, which waits for its retry
+				nack(r[0], due)
+				must(t, s.Release(ctx, storage.ReleaseParams{IDs: []int64{r[3]}, WorkerID: "w", RetryAt: time.Now()}))
+			case "claim": // the claim parks the rows held back that it passes
+				nack(r[0], due)
+				nack(r[3], time.Now())
+				if got := claim(t, s, "v", 10, time.Minute); len(got) != 0 {
+					t.Fatalf("claimed %v while %d waits for its retry", idsOf(got), r[0])
+				}
+			}
+			if h := holdOf(t, s, r[3]); h != "" {
+				t.Fatalf("record %d has hold %q below %d in flight, want none", r[3], h, r[4])
+			}
+			time.Sleep(time.Until(due) + 10*time.Millisecond)
+			if got := claimTwice(t, s); !slices.Equal(got, r[:1]) {
+				t.Fatalf("claimed %v once the retry is due, want %d", got, r[0])
+			}
+			must(t, s.Ack(ctx, storage.AckParams{IDs: r[:1], WorkerID: "v"}))
+			must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{r[1], r[2], r[4]}, WorkerID: "w"}))
+			if got, want := claimTwice(t, s), []int64{r[3], r[5], r[6]}; !slices.Equal(got, want) {
+				t.Fatalf("claimed %v with nothing of the key in flight, want %v", got, want)
+			}
+		})
+	}
+}

@@ -156,6 +156,18 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// insert (clock_timestamp), so an earlier id is never younger than a row
 	// that is old enough to claim.
 	//
+	// No statement parks a row below a lease of its key, live or run out:
+	// a write-back sets free the first held row after the highest of its
+	// rows of a key (see unpark), and a row parked between two records in
+	// flight would be passed by an ack of both, and stay parked with
+	// nothing but the sweep to set it free (the stress test found it: a
+	// record taken along behind its head, nacked, then parked behind the
+	// head's retry while a record after it was still in flight). Once a
+	// row is parked, no row after it can be leased without it (the walk
+	// holds them back, and a claim takes parked rows along only in a run
+	// from the head), so the next write-back of its key sets it free or
+	// stops below it.
+	//
 	// held(a, park) is that check for the row aliased a. When it decides a
 	// parking (park), a parked or failed record holds its key only while it
 	// has no lease, live or run out (a claim takes parked rows behind their
@@ -335,7 +347,8 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
 	if strict {
 		// A nack that holds its key (a retry later, or a failure that
 		// holds the key's later records with HoldOnDeadLetter) parks the
-		// rows behind it at once, parkChunk of them in the nack's statement
+		// rows behind it at once (those after the last lease of its key,
+		// see held: none of them is leased), parkChunk of them in the nack's statement
 		// and the rest in further statements of parkChunk each (Nack): an
 		// outage parks each row once, when its key's head fails, not in the
 		// claims that follow, and no statement grows with the backlog of a
@@ -361,9 +374,8 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
     UPDATE %[1]s f SET hold = 'behind'
     WHERE f.status = 'pending' AND f.hold IS NULL AND f.id = ANY(ARRAY(
         SELECT q.id FROM %[1]s q WHERE q.status = 'pending' AND q.hold IS NULL AND q.id = ANY(ARRAY(SELECT x.id FROM x))
-          AND NOT EXISTS (SELECT 1 FROM %[2]s y WHERE y.id = q.id AND y.leased_until > clock_timestamp())
         FOR UPDATE SKIP LOCKED)))
-SELECT (SELECT count(*) FROM x WHERE x.hold IS NULL), (SELECT COALESCE(max(x.id), 0) FROM x), %[3]s, (SELECT COALESCE(min(x.key), '') FROM x)`, t, leases, from)
+SELECT (SELECT count(*) FROM x WHERE x.hold IS NULL), (SELECT COALESCE(max(x.id), 0) FROM x), %[2]s, (SELECT COALESCE(min(x.key), '') FROM x)`, t, from)
 		}
 		nack = fenced("= $1", "x.id, x.attempts", false) + fmt.Sprintf(`, n AS (
     UPDATE %[1]s o SET %[5]s
@@ -371,10 +383,11 @@ SELECT (SELECT count(*) FROM x WHERE x.hold IS NULL), (SELECT COALESCE(max(x.id)
     RETURNING o.id, o.key, o.hold),
 x AS (
     SELECT b.id, b.key, b.hold FROM n CROSS JOIN LATERAL (
-        SELECT b.id, b.key, b.hold FROM %[1]s b WHERE b.status = 'pending' AND b.key <> '' AND b.key = n.key AND (b.key, b.id) > (n.key, n.id)
+        SELECT b.id, b.key, b.hold FROM %[1]s b WHERE b.status = 'pending' AND b.key <> '' AND b.key = n.key
+          AND (b.key, b.id) > (n.key, GREATEST(n.id, (SELECT COALESCE(max(y.id), 0) FROM %[6]s y WHERE y.id > n.id AND y.key = n.key)))
         ORDER BY b.id LIMIT %[2]d) b
     WHERE n.key <> '' AND %[3]s),
-%[4]s`, t, parkChunk, holds, parkRows(fmt.Sprintf("(SELECT COALESCE(bool_or(%s), false) FROM n)", holds)), nackSet)
+%[4]s`, t, parkChunk, holds, parkRows(fmt.Sprintf("(SELECT COALESCE(bool_or(%s), false) FROM n)", holds)), nackSet, leases)
 		// The next parkChunk rows of key $1 after id $2, while the record
 		// $3 still holds the key.
 		parkMore = fmt.Sprintf(`WITH hd AS MATERIALIZED (
@@ -384,9 +397,11 @@ x AS (
     WHERE (SELECT holds FROM hd) AND b.status = 'pending' AND b.key <> '' AND b.key = $1 AND (b.key, b.id) > ($1::text, $2::bigint)
     ORDER BY b.id LIMIT %[2]d),
 %[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"))
-		// Released rows behind a held record are parked at once.
-		release = fenced("= ANY($1)", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s THEN 'behind' END
-FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet, held("o", true))
+		// Released rows behind a held record are parked at once, unless a
+		// later record of their key is still leased (see held).
+		release = fenced("= ANY($1)", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s
+        AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id > o.id AND y.key = o.key AND y.id NOT IN (SELECT l.id FROM l)) THEN 'behind' END
+FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet, held("o", true), leases)
 		// A delivered record sets free the rows parked behind it, and so
 		// does a dead one unless dead records hold their key.
 		ack = fenced("= ANY($1)", "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
@@ -558,8 +573,11 @@ hot AS MATERIALIZED (
 		// locks an outbox row. Two kinds of row:
 		//
 		// The held rows of the claimer's own slots that its walk passed (up
-		// to bound), parkChunk at most. (The CASE keeps the check a probe
-		// per row, as in the walk, rather than a join with every held row.)
+		// to bound), not in flight and at or above the last lease of their
+		// key (lx, from lv: a row not held is at or above head; see held;
+		// its own lease, run out, does not keep it from being parked),
+		// parkChunk at most. (The CASE keeps the check a probe per row, as
+		// in the walk, rather than a join with every held row.)
 		//
 		// The backlog of each hot key after its last lease, live or run
 		// out, all of which tk locked, and after its last held row: the ack
@@ -589,15 +607,18 @@ hot AS MATERIALIZED (
 		// outbox row it deletes (a review reproduced that deadlock). A held
 		// row left unparked stays out of the walk (the held probe), and a
 		// later claim parks it.
-		park := fmt.Sprintf(`park AS (
+		park := fmt.Sprintf(`lx AS MATERIALIZED (
+    SELECT jsonb_object_agg(x.key, x.last) AS m FROM (
+        SELECT lv.key, max(lv.id) AS last FROM lv WHERE lv.key <> '' GROUP BY lv.key) x),
+park AS (
     UPDATE %[1]s parked SET hold = 'behind' WHERE parked.status = 'pending' AND parked.hold IS NULL AND parked.id = ANY(ARRAY(
         SELECT q.id FROM %[1]s q WHERE q.status = 'pending' AND q.hold IS NULL AND q.id = ANY(ARRAY(
             SELECT h.id FROM (
                 SELECT h.id FROM %[1]s h
                 WHERE (SELECT g FROM anyheld) AND h.status = 'pending' AND h.hold IS NULL AND h.key <> ''
                   AND h.slot BETWEEN (SELECT lo FROM own) AND (SELECT hi FROM own)
-                  AND h.id <= %[5]s
-                  AND %[4]s
+                  AND h.id <= %[4]s
+                  AND h.id >= COALESCE(((SELECT m FROM lx) ->> h.key)::bigint, 0) AND %[5]s
                   AND CASE WHEN (SELECT g FROM anyheld) THEN %[2]s ELSE false END
                 ORDER BY h.id
                 LIMIT %[3]d) h
@@ -612,7 +633,7 @@ hot AS MATERIALIZED (
                   AND b.hold IS NULL AND NOT (SELECT m FROM ls) ? b.id::text
                 ORDER BY b.key, b.id
                 LIMIT %[3]d) r))
-        FOR UPDATE OF q SKIP LOCKED))),`, t, held("h", true), parkChunk, unleased("h"), bound)
+        FOR UPDATE OF q SKIP LOCKED))),`, t, held("h", true), parkChunk, bound, unleased("h"))
 		// lw: the walk's first leadRows rows (the same walk as c, in id
 		// order, so they are the first rows of c), read only when something
 		// is held. Their first runKeys keys (lead) take followers: the rows
