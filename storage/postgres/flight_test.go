@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -348,5 +349,64 @@ func TestNoParkingBelowARecordInFlight(t *testing.T) {
 				t.Fatalf("claimed %v with nothing of the key in flight, want %v", got, want)
 			}
 		})
+	}
+}
+
+// TestParkMoreParksNothingBelowALease: the later statements of a nack's
+// parking (parkMore, a transaction each) park nothing below a lease of the
+// key taken meanwhile. The nack of h parks its first parkChunk rows (up to
+// last); before the next statement, h's retry comes due, a claim takes h
+// and every row parked behind it up to l, x (between last and l) is
+// released, and h is nacked again. parkMore must not park x: the acks of h
+// and of the rest up to l would pass it (a review found it).
+func TestParkMoreParksNothingBelowALease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, Config{})
+	s.nextSweep.Store(time.Now().Add(time.Hour).UnixNano())
+	in := make([]storage.Record, parkChunk+4)
+	for i := range in {
+		in[i] = rec("k")
+	}
+	ids := insert(t, s, in...)
+	h, last, x, l, tail := ids[0], ids[parkChunk], ids[parkChunk+1], ids[parkChunk+2], ids[parkChunk+3]
+	if got := idsOf(claim(t, s, "w", 1, time.Minute)); !slices.Equal(got, ids[:1]) {
+		t.Fatalf("claimed %v, want %d", got, h)
+	}
+	// dueNow makes h's retry due at once (its nack asked for an hour).
+	dueNow := func() {
+		t.Helper()
+		_, err := s.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET due_at = now() WHERE id = $1`, s.table), h)
+		must(t, err)
+	}
+	// The first statement of Nack, whose loop then runs parkMore.
+	found, l1, holds, key, err := s.park(ctx, s.q.nack, h, "w", "x", time.Now().Add(time.Hour))
+	s.nothingHeld.Store(false) // as Nack does
+	must(t, err)
+	if found != parkChunk || l1 != last || !holds || key != "k" {
+		t.Fatalf("nack: found %d, last %d, holds %v, key %q; want %d, %d, true, k", found, l1, holds, key, parkChunk, last)
+	}
+	if got := claim(t, s, "v", 10, time.Minute); len(got) != 0 { // parks x, l and tail behind h
+		t.Fatalf("claimed %v while %d waits for its retry", idsOf(got), h)
+	}
+	dueNow()
+	if got := idsOf(claim(t, s, "c", parkChunk+3, time.Minute)); !slices.Equal(got, ids[:parkChunk+3]) {
+		t.Fatalf("claimed %d rows, want h and the %d rows parked behind it", len(got), parkChunk+2)
+	}
+	must(t, s.Release(ctx, storage.ReleaseParams{IDs: []int64{x}, WorkerID: "c", RetryAt: time.Now()}))
+	must(t, s.Nack(ctx, storage.NackParams{ID: h, WorkerID: "c", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
+	_, _, _, _, err = s.park(ctx, s.q.parkMore, "k", last, h)
+	must(t, err)
+	if hx := holdOf(t, s, x); hx != "" {
+		t.Fatalf("parkMore parked %d (hold %q) below %d, which is in flight", x, hx, l)
+	}
+	dueNow()
+	if got := idsOf(claim(t, s, "d", 10, time.Minute)); !slices.Equal(got, ids[:1]) {
+		t.Fatalf("claimed %v once the retry is due, want %d", got, h)
+	}
+	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:1], WorkerID: "d"}))
+	must(t, s.Ack(ctx, storage.AckParams{IDs: append(slices.Clone(ids[1:parkChunk+1]), l), WorkerID: "c"}))
+	if got, want := claimTwice(t, s), []int64{x, tail}; !slices.Equal(got, want) {
+		t.Fatalf("claimed %v with nothing of the key in flight, want %v", got, want)
 	}
 }

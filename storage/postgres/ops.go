@@ -162,11 +162,17 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// flight would be passed by an ack of both, and stay parked with
 	// nothing but the sweep to set it free (the stress test found it: a
 	// record taken along behind its head, nacked, then parked behind the
-	// head's retry while a record after it was still in flight). Once a
-	// row is parked, no row after it can be leased without it (the walk
+	// head's retry while a record after it was still in flight; a review,
+	// the same through a nack's later parking statements, parkMore). Once
+	// a row is parked, no row after it can be leased without it (the walk
 	// holds them back, and a claim takes parked rows along only in a run
-	// from the head), so the next write-back of its key sets it free or
-	// stops below it.
+	// from the head), so a write-back of records of its key below it sets
+	// free the first held row after them. (A record taken along behind its
+	// head is parked while in flight: an ack of the records before and
+	// after it, not of it, passes it, and should its lease then run out
+	// with no ack, only the sweep sets it free. The forwarder acks a key's
+	// records in order, so only another caller of the storage can do
+	// that.)
 	//
 	// held(a, park) is that check for the row aliased a. When it decides a
 	// parking (park), a parked or failed record holds its key only while it
@@ -394,9 +400,10 @@ x AS (
     SELECT COALESCE((SELECT %[3]s FROM %[1]s h WHERE h.id = $3 AND h.status = 'pending'), false) AS holds),
 x AS (
     SELECT b.id, b.key, b.hold FROM %[1]s b
-    WHERE (SELECT holds FROM hd) AND b.status = 'pending' AND b.key <> '' AND b.key = $1 AND (b.key, b.id) > ($1::text, $2::bigint)
+    WHERE (SELECT holds FROM hd) AND b.status = 'pending' AND b.key <> '' AND b.key = $1
+      AND (b.key, b.id) > ($1::text, GREATEST($2::bigint, (SELECT COALESCE(max(y.id), 0) FROM %[5]s y WHERE y.id > $2::bigint AND y.key = $1)))
     ORDER BY b.id LIMIT %[2]d),
-%[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"))
+%[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"), leases)
 		// Released rows behind a held record are parked at once, unless a
 		// later record of their key is still leased (see held).
 		release = fenced("= ANY($1)", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s
