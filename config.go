@@ -133,8 +133,11 @@ type ForwarderConfig struct {
 	// MaxAbandonedPublishes+Concurrency goroutines are ever stuck in the
 	// target. Defaults to Concurrency.
 	MaxAbandonedPublishes int
-	// PollMin is the first idle sleep after a claim found nothing. Defaults
-	// to 50ms.
+	// PollMin is the first idle sleep after a claim found nothing. After a
+	// claim that the storage reports drained (storage.DrainClaimer: it left
+	// nothing claimable out) the next one comes PollMin/2 after it started,
+	// unless a wake or a key group of more than one record settling brings
+	// it sooner. Defaults to 50ms.
 	PollMin time.Duration
 	// PollMax caps the idle sleep while the table stays empty. Defaults to 5s.
 	PollMax time.Duration

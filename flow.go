@@ -81,6 +81,9 @@ type event struct {
 	g       *group
 	acked   []*group // evAcked: the group of each acked record
 	records []storage.Record
+	// drained (evClaimed): the storage reported that the claim left nothing
+	// claimable out (storage.DrainClaimer).
+	drained bool
 	started time.Time
 	err     error
 	ext     *extension
@@ -153,6 +156,9 @@ type session struct {
 	throttled  bool // claims paused for abandoned publishes (logged once)
 	// wokenDuringClaim: Wake was called while a claim was in flight.
 	wokenDuringClaim bool
+	// paced: the next claim is paced (see claimed); only a group of more
+	// than one record settling brings it forward.
+	paced bool
 }
 
 func (f *Forwarder) newSession(ctx context.Context, once bool) (*session, context.CancelFunc) {
@@ -314,9 +320,17 @@ func (s *session) startClaim() {
 		// The claim is not cancelled with the stop context: a claim cancelled on
 		// the wire may have committed its leases, which nobody would then release.
 		ctx, cancel := s.f.bookkeepingCtx(s.stop)
-		recs, err := s.f.store.Claim(ctx, storage.ClaimParams{BatchSize: n, Lease: s.cfg.Lease, WorkerID: s.cfg.WorkerID})
+		p := storage.ClaimParams{BatchSize: n, Lease: s.cfg.Lease, WorkerID: s.cfg.WorkerID}
+		var recs []storage.Record
+		var drained bool
+		var err error
+		if s.f.drainer != nil {
+			recs, drained, err = s.f.drainer.ClaimDrained(ctx, p)
+		} else {
+			recs, err = s.f.store.Claim(ctx, p)
+		}
 		cancel()
-		s.events <- event{kind: evClaimed, records: recs, err: err, started: started}
+		s.events <- event{kind: evClaimed, records: recs, drained: drained, err: err, started: started}
 	}()
 }
 
@@ -355,6 +369,7 @@ const quietPolls = 4
 
 func (s *session) claimed(ev event) {
 	s.claiming = false
+	s.paced = false
 	now := time.Now()
 	if ev.err != nil {
 		err := fmt.Errorf("claim outbox records: %w", ev.err)
@@ -396,6 +411,24 @@ func (s *session) claimed(ev event) {
 	s.emptySince = time.Time{}
 	s.poll = s.cfg.PollMin
 	s.claimAt = time.Time{}
+	if ev.drained && !woken {
+		// The claim took all there was (the storage says so): the
+		// forwarder has caught up with its stream. The next claim comes
+		// PollMin/2 after this one started, not at once; a wake brings it
+		// at once (one during this claim too), and so does a group of more
+		// than one record settling (see settle). Claimed back to back, a
+		// caught-up forwarder took a few records a claim, one claim in ten
+		// found none and slept PollMin, and every claim costs the database
+		// about what a batch of a hundred rows does, taken from the
+		// producers on a shared machine. Paced, each claim takes what came
+		// meanwhile and seldom finds nothing (docs/benchmarks.md, "Paced
+		// claims"). A claim the storage does not report drained (a full
+		// batch; a storage without storage.DrainClaimer; something held
+		// back) is followed at once: there may be more.
+		s.paced = true
+		s.claimAt = ev.started.Add(s.cfg.PollMin / 2)
+		s.settleFloor = s.claimAt
+	}
 	s.mu.Lock()
 	s.result.Claimed += len(ev.records)
 	s.mu.Unlock()
@@ -444,16 +477,27 @@ func (s *session) settle(g *group, n int) {
 		// garbage from here on, not at the next lease renewal.
 		s.batches = slices.DeleteFunc(s.batches, func(b *batch) bool { return b.unsettled == 0 })
 	}
-	if g.settled() && s.claimAt.After(s.settleFloor) {
-		// A key is free again: what was held back behind it may be
-		// claimable. From the second empty claim since the last one that
-		// found records on, not before PollMin though (nor, after a failed
-		// claim, before StorageErrorDelay): a stream of settling groups must
-		// not turn into a stream of claims of an idle table. After the
-		// first, at once: with producers writing flat out, nine in ten of
-		// the records whose lag made the steady p99 had been claimed after
-		// such a PollMin wait (docs/benchmarks.md, 2026-12-05 late evening).
-		s.claimAt = s.settleFloor
+	if !g.settled() {
+		return
+	}
+	// A key is free again: what was held back behind it may be claimable.
+	// From the second empty claim since the last one that found records
+	// on, not before PollMin though (nor, after a failed claim, before
+	// StorageErrorDelay): a stream of settling groups must not turn into a
+	// stream of claims of an idle table. After the first, at once: with
+	// producers writing flat out, nine in ten of the records whose lag made
+	// the steady p99 had been claimed after such a PollMin wait
+	// (docs/benchmarks.md, 2026-12-05 late evening). After a paced claim,
+	// not before its time, unless the group had more than one record: its
+	// key is busy, and more of its records are likely waiting behind it
+	// (a hot key among a trickle of others would otherwise wait up to
+	// PollMin/2 between its batches).
+	floor := s.settleFloor
+	if s.paced && len(g.records) > 1 {
+		floor = time.Time{}
+	}
+	if s.claimAt.After(floor) {
+		s.claimAt = floor
 	}
 }
 

@@ -3,6 +3,7 @@ package txoutbox
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -250,4 +251,63 @@ func TestIdleSleepGrowsOnlyOnceTheTableIsQuiet(t *testing.T) {
 		t.Fatalf("a claim that found records: the next one is in %s, want it at once", got)
 	}
 	quiet("a lull after records were found again", time.Hour, time.Hour, time.Hour)
+}
+
+// TestDrainedClaimsComePollMinHalfApart: after a claim that the storage
+// reports drained the next one comes PollMin/2 after it started; a group of
+// one record settling meanwhile does not bring it forward, a group of more
+// than one does (its key is busy). A claim not reported drained is
+// followed at once, and so is a drained one during which the forwarder was
+// woken.
+func TestDrainedClaimsComePollMinHalfApart(t *testing.T) {
+	f, err := NewForwarder(&ackSizes{}, nopPublisher{}, ForwarderConfig{BatchSize: 10, PollMin: 2 * time.Hour, PollMax: 4 * time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, cancel := f.newSession(t.Context(), false)
+	defer cancel()
+	// claim hands the session a claim of records that started at started,
+	// and returns the groups it made.
+	claim := func(started time.Time, drained bool, records ...storage.Record) []*group {
+		t.Helper()
+		s.claiming = true
+		s.handle(event{kind: evClaimed, records: records, drained: drained, started: started})
+		groups := s.ready
+		s.ready, s.running = nil, s.running+len(groups) // lanes took them
+		return groups
+	}
+	settle := func(g *group) {
+		s.handle(event{kind: evFinished, g: g})
+		s.handle(event{kind: evAcked, acked: slices.Repeat([]*group{g}, len(g.records))})
+	}
+	started := time.Now()
+	groups := claim(started, true, storage.Record{ID: 1, Key: "a"}, storage.Record{ID: 2, Key: "b"}, storage.Record{ID: 3, Key: "b"})
+	if !s.claimAt.Equal(started.Add(time.Hour)) {
+		t.Fatalf("after a drained claim the next one is in %s, want PollMin/2 (1h) after it started", time.Until(s.claimAt).Round(time.Minute))
+	}
+	one, two := groups[1], groups[0] // longest first
+	if len(one.records) != 1 || len(two.records) != 2 {
+		t.Fatalf("groups of %d and %d records, want 1 and 2", len(one.records), len(two.records))
+	}
+	settle(one)
+	if !s.claimAt.Equal(started.Add(time.Hour)) {
+		t.Fatalf("a group of one record settled: the next claim is in %s, want it left PollMin/2 after the last one started", time.Until(s.claimAt).Round(time.Minute))
+	}
+	settle(two)
+	if !s.claimAt.IsZero() {
+		t.Fatalf("a group of two records settled: the next claim is in %s, want it at once", time.Until(s.claimAt).Round(time.Minute))
+	}
+
+	claim(time.Now(), false, storage.Record{ID: 4, Key: "c"})
+	if !s.claimAt.IsZero() {
+		t.Fatalf("after a claim not reported drained the next one is in %s, want it at once", time.Until(s.claimAt).Round(time.Minute))
+	}
+
+	// Woken during the claim (as run does on Wake): what woke it may have
+	// committed after the claim's snapshot, and must not wait PollMin/2.
+	s.wokenDuringClaim = true
+	claim(time.Now(), true, storage.Record{ID: 5, Key: "d"})
+	if !s.claimAt.IsZero() {
+		t.Fatalf("woken during a drained claim: the next claim is in %s, want it at once", time.Until(s.claimAt).Round(time.Minute))
+	}
 }

@@ -112,6 +112,10 @@ type Forwarder struct {
 	// (storage.DeadLetterHolder), so the rest of a group is released, not
 	// published, after a dead-letter.
 	holdOnDead bool
+	// drainer: the storage reports claims that drained it
+	// (storage.DrainClaimer), by which a caught-up forwarder paces its
+	// claims; nil otherwise.
+	drainer storage.DrainClaimer
 
 	wake    chan struct{}
 	running atomic.Bool
@@ -149,6 +153,7 @@ func NewForwarder(store storage.Storage, target message.Publisher, config Forwar
 	if h, ok := store.(storage.DeadLetterHolder); ok {
 		f.holdOnDead = h.HoldOnDeadLetter()
 	}
+	f.drainer, _ = store.(storage.DrainClaimer)
 	f.handler = f.publish
 	for i := len(config.Middlewares) - 1; i >= 0; i-- {
 		f.handler = config.Middlewares[i](f.handler)

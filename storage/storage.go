@@ -239,6 +239,20 @@ type Membership interface {
 	Leave(ctx context.Context, workerID string) error
 }
 
+// DrainClaimer is implemented by storages whose claims can tell that they
+// left nothing claimable behind (the PostgreSQL storage). A forwarder whose
+// claim drained the storage has caught up with its stream, and paces its
+// next claim (see ForwarderConfig.PollMin) rather than claiming back to back
+// a few records at a time; a storage without it is claimed back to back
+// while claims find records.
+type DrainClaimer interface {
+	// ClaimDrained is Claim, and also reports whether the claim left no
+	// claimable record out: every record that was due, unleased and not held
+	// back when it ran was handed out. drained is never true when one was
+	// left out (a full batch, say); it may be false when none was.
+	ClaimDrained(ctx context.Context, params ClaimParams) (records []Record, drained bool, err error)
+}
+
 // Maintainer is implemented by SQL storages: housekeeping for operators.
 type Maintainer interface {
 	// Purge deletes delivered records older than olderThan, in bounded batches so

@@ -30,6 +30,7 @@ var claimColumns = [...]struct {
 	{pgtype.JSONBOID, false, false},      // metadata
 	{pgtype.Int4OID, true, false},        // attempts
 	{pgtype.TimestamptzOID, true, false}, // created_at
+	{pgtype.BoolOID, true, false},        // drained (the same in every row)
 }
 
 // rawDecodable reports whether the claim's rows come in the formats
@@ -59,7 +60,7 @@ var y2k = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
 // the ordinary way. A created_at of ±infinity (only possible by hand) comes
 // back as the zero time, as from Scan: the record is still published.
 func decodeRaw(v [][]byte, r *storage.Record, topic *string) bool {
-	if len(v[0]) != 8 || len(v[6]) != 4 || len(v[7]) != 8 || v[1] == nil || v[2] == nil || v[3] == nil {
+	if len(v[0]) != 8 || len(v[6]) != 4 || len(v[7]) != 8 || len(v[8]) != 1 || v[1] == nil || v[2] == nil || v[3] == nil {
 		return false
 	}
 	us := int64(binary.BigEndian.Uint64(v[7]))
@@ -177,8 +178,10 @@ func parseFlatObject(b []byte) (map[string]string, bool) {
 	}
 }
 
-// scanClaimed reads the claim's rows and returns them in id order.
-func scanClaimed(rows pgx.Rows, table string, capacity int) ([]storage.Record, error) {
+// scanClaimed reads the claim's rows and returns them in id order, and
+// whether the claim left no claimable row out (its last column, the same in
+// every row; false when no row came back).
+func scanClaimed(rows pgx.Rows, table string, capacity int) (_ []storage.Record, drained bool, _ error) {
 	defer rows.Close()
 	recs := make([]storage.Record, 0, min(capacity, 1024))
 	raw := rawDecodable(rows.FieldDescriptions())
@@ -187,14 +190,15 @@ func scanClaimed(rows pgx.Rows, table string, capacity int) ([]storage.Record, e
 	for rows.Next() {
 		var r storage.Record
 		if raw && decodeRaw(rows.RawValues(), &r, &topic) {
+			drained = rows.RawValues()[8][0] == 1
 			recs = append(recs, r)
 			continue
 		}
 		r = storage.Record{}
 		var attempts int32
 		var created pgtype.Timestamptz
-		if err := rows.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &meta, &attempts, &created); err != nil {
-			return nil, fmt.Errorf("claim outbox rows from %s: scan: %w", table, err)
+		if err := rows.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &meta, &attempts, &created, &drained); err != nil {
+			return nil, false, fmt.Errorf("claim outbox rows from %s: scan: %w", table, err)
 		}
 		r.Attempts = int(attempts)
 		if created.InfinityModifier == pgtype.Finite {
@@ -206,12 +210,12 @@ func scanClaimed(rows pgx.Rows, table string, capacity int) ([]storage.Record, e
 		recs = append(recs, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: %w", table, err)
+		return nil, false, fmt.Errorf("claim outbox rows from %s: %w", table, err)
 	}
 	if !slices.IsSortedFunc(recs, byID) {
 		slices.SortFunc(recs, byID)
 	}
-	return recs, nil
+	return recs, drained, nil
 }
 
 func byID(a, b storage.Record) int {

@@ -50,7 +50,11 @@ func TestClaimDecodesInEveryExecMode(t *testing.T) {
 		must(t, err)
 		s, err := New(p, Config{Table: base.config.Table})
 		must(t, err)
-		got := claim(t, s, "w", 10, time.Minute)
+		got, drained, err := s.ClaimDrained(ctx, storage.ClaimParams{BatchSize: 10, Lease: time.Minute, WorkerID: "w"})
+		must(t, err)
+		if !drained {
+			t.Errorf("%v: a claim of all %d rows with nothing held is not reported drained", mode, len(got))
+		}
 		// Give the rows back for the next mode.
 		must(t, s.Release(ctx, storage.ReleaseParams{IDs: idsOf(got), WorkerID: "w", RetryAt: time.Now().Add(-time.Second)}))
 		if len(got) != len(in) {

@@ -743,6 +743,13 @@ cf AS MATERIALIZED (
     SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, c.attempts, c.created_at, c.expired FROM (
     %s
     LIMIT $1) c),`, walks)
+		// The claim's last column, drained, says that it left no
+		// claimable row out (see [Storage.ClaimDrained]): its walk handed
+		// out fewer rows than asked, so it walked them all, and nothing is
+		// held. With a row held, rows parked behind a head that this claim
+		// did not lead could be left out, or a key's followers cut at its
+		// share of the batch. (Rows lost to an extension are in cf: a walk
+		// that filled the batch is not drained however many it lost.)
 		strictClaim := func(followers, flight, flightLeases, park string) string {
 			return fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[13]s),
 hb AS (
@@ -790,7 +797,8 @@ ins AS (
     WHERE NOT cf.expired AND NOT EXISTS (SELECT 1 FROM lost WHERE lost.key = cf.key AND lost.id < cf.id)
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
-SELECT cf.id, cf.uuid, cf.topic, cf.key, cf.payload, cf.metadata, a.attempts, cf.created_at
+SELECT cf.id, cf.uuid, cf.topic, cf.key, cf.payload, cf.metadata, a.attempts, cf.created_at,
+    (SELECT count(*) FROM cf) < $1 AND NOT (SELECT g FROM anyheld) AS drained
 FROM a JOIN cf ON cf.id = a.id`, t, leases, due, anyHeld, leaseRows, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
 				flight, followers, xmin, (memberTTL / 2).Microseconds(), flightLeases, park)
 		}
@@ -828,7 +836,8 @@ ins AS (
         attempts = l.attempts + 1
     WHERE l.leased_until <= excluded.leased_until - $3::bigint * interval '1 microsecond'
     RETURNING l.id, l.attempts)
-SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at
+SELECT c.id, c.uuid, c.topic, c.key, c.payload, c.metadata, ins.attempts, c.created_at,
+    (SELECT count(*) FROM c) < $1 AS drained
 FROM ins JOIN c ON c.id = ins.id`, t, leases, nsDue, leaseMap, leaseUntil, slotCount-1, head, xmin)
 	}
 	adopted, wakeOpen, wakeClose := "", "", ""
@@ -1046,13 +1055,24 @@ ON CONFLICT (worker_id) DO UPDATE SET seen_until = GREATEST(%[1]s.seen_until, ex
 	}
 }
 
-// Claim implements [storage.Storage]. It sends the planner settings (with
-// strict ordering also the advisory lock) and the claim as one batch: one
-// round trip, one implicit transaction, and the claim's snapshot is taken
-// after the lock is held.
-func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage.Record, err error) {
+// Claim implements [storage.Storage]: [Storage.ClaimDrained] without its
+// report.
+func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
+	recs, _, err := s.ClaimDrained(ctx, p)
+	return recs, err
+}
+
+// ClaimDrained implements [storage.DrainClaimer]. It sends the planner
+// settings (with strict ordering also the advisory lock) and the claim as
+// one batch: one round trip, one implicit transaction, and the claim's
+// snapshot is taken after the lock is held. It reports drained when the
+// claim's walk handed out fewer rows than asked and, with strict ordering,
+// no row is held back (parked, waiting for a retry, or dead or failed with
+// HoldOnDeadLetter): a forwarder that claims while records are held does
+// not pace its claims.
+func (s *Storage) ClaimDrained(ctx context.Context, p storage.ClaimParams) (_ []storage.Record, drained bool, err error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 || p.WorkerID == "" {
-		return nil, fmt.Errorf("claim outbox rows: need BatchSize > 0, Lease > 0 and a WorkerID (got %d, %s, %q)", p.BatchSize, p.Lease, p.WorkerID)
+		return nil, false, fmt.Errorf("claim outbox rows: need BatchSize > 0, Lease > 0 and a WorkerID (got %d, %s, %q)", p.BatchSize, p.Lease, p.WorkerID)
 	}
 	args := []any{p.BatchSize, p.WorkerID, p.Lease.Microseconds()}
 	b := &pgx.Batch{}
@@ -1105,7 +1125,7 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 		}()
 	}
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: planner settings or advisory lock: %w", s.table, err)
+		return nil, false, fmt.Errorf("claim outbox rows from %s: planner settings or advisory lock: %w", s.table, err)
 	}
 	var held bool
 	var head int64
@@ -1115,15 +1135,15 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 		err = br.QueryRow().Scan(&held, &head)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: wake the rows due for a retry: %w", s.table, err)
+		return nil, false, fmt.Errorf("claim outbox rows from %s: wake the rows due for a retry: %w", s.table, err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
+		return nil, false, fmt.Errorf("claim outbox rows from %s: %w", s.table, err)
 	}
-	recs, err := scanClaimed(rows, s.table, p.BatchSize)
+	recs, drained, err := scanClaimed(rows, s.table, p.BatchSize)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if s.q.leanClaim != "" {
 		// A claim that looked for rows behind records in flight may have
@@ -1138,16 +1158,16 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) (_ []storage
 	}
 	if sweep {
 		if _, err := br.Exec(); err != nil {
-			return nil, fmt.Errorf("claim outbox rows from %s: set free parked rows nothing holds: %w", s.table, err)
+			return nil, false, fmt.Errorf("claim outbox rows from %s: set free parked rows nothing holds: %w", s.table, err)
 		}
 	}
 	// The batch is one implicit transaction, committed at its end: a failed
 	// commit means the leases were not taken, so the records must not be
 	// handed out.
 	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows from %s: commit: %w", s.table, err)
+		return nil, false, fmt.Errorf("claim outbox rows from %s: commit: %w", s.table, err)
 	}
-	return recs, nil
+	return recs, drained, nil
 }
 
 // sweepEvery is how often a storage's claims look for parked rows that

@@ -1638,3 +1638,45 @@ func TestClaimReadsLeasesOnceInIdOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimReportsDrained: a claim is reported drained when it handed out
+// fewer rows than asked, and, with strict ordering, nothing is held back: a
+// row waiting for its retry, or parked behind it, could be left out by a
+// claim that walked past its key (the forwarder paces its claims only after
+// a drained one).
+func TestClaimReportsDrained(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []Config{{}, {DisableStrictOrdering: true}} {
+		t.Run(fmt.Sprintf("strict=%v", !cfg.DisableStrictOrdering), func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			s := newStore(t, cfg)
+			drain := func(batch int) ([]int64, bool) {
+				t.Helper()
+				got, drained, err := s.ClaimDrained(ctx, storage.ClaimParams{BatchSize: batch, Lease: time.Minute, WorkerID: "w"})
+				must(t, err)
+				return idsOf(got), drained
+			}
+			ids := insert(t, s, rec("a"), rec("b"), rec(""), rec("c"), rec("d"))
+			if got, drained := drain(3); !slices.Equal(got, ids[:3]) || drained {
+				t.Fatalf("claimed %v (drained %v) of 5 rows with a batch of 3, want %v, not drained", got, drained, ids[:3])
+			}
+			if got, drained := drain(3); !slices.Equal(got, ids[3:]) || !drained {
+				t.Fatalf("claimed %v (drained %v), want the last two %v, drained", got, drained, ids[3:])
+			}
+			if cfg.DisableStrictOrdering {
+				return
+			}
+			must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+			held := parkBehindHead(t, s, "k", 2)
+			if got := idsOf(claim(t, s, "w", 1, time.Minute)); !slices.Equal(got, held[:1]) {
+				t.Fatalf("claimed %v, want the head %d again", got, held[0])
+			}
+			must(t, s.Nack(ctx, storage.NackParams{ID: held[0], WorkerID: "w", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
+			other := insert(t, s, rec("o"))
+			if got, drained := drain(10); !slices.Equal(got, other) || drained {
+				t.Fatalf("claimed %v (drained %v) while %d waits for its retry, want %v, not drained", got, drained, held[0], other)
+			}
+		})
+	}
+}

@@ -18,6 +18,35 @@ func claimCases() []testCase {
 		{name: "LeasedRecordsNotClaimedAgain", run: testClaimLeasedNotClaimedAgain},
 		{name: "ReturnsStoredFields", run: testClaimReturnsStoredFields},
 		{name: "NotYetDueSkipped", run: testClaimNotYetDueSkipped},
+		{name: "DrainedNeverLeavesARecordOut", run: testClaimDrained},
+	}
+}
+
+// testClaimDrained: a storage.DrainClaimer never reports drained a claim
+// that left a claimable record out (a forwarder would then wait before its
+// next claim with records ready).
+func testClaimDrained(t *testing.T, e *env) {
+	d, ok := e.s.(storage.DrainClaimer)
+	if !ok {
+		t.Skip("skipped: the storage does not implement storage.DrainClaimer")
+	}
+	want := e.insert("a", "", "b", "c", "")
+	var got []int64
+	for i, size := range []int{2, 2, 1} {
+		batch, drained, err := d.ClaimDrained(e.ctx, storage.ClaimParams{BatchSize: 2, Lease: longLease, WorkerID: "worker-1"})
+		if err != nil {
+			t.Fatalf("ClaimDrained %d returned error %v", i+1, err)
+		}
+		if len(batch) != size {
+			t.Fatalf("ClaimDrained %d of batch size 2 over 5 records returned %d records %v, want %d", i+1, len(batch), ids(batch), size)
+		}
+		if drained && i < 2 {
+			t.Fatalf("ClaimDrained %d returned %v and drained, with %d records left claimable: drained means no claimable record was left out", i+1, ids(batch), 5-2*(i+1))
+		}
+		got = append(got, ids(batch)...)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("successive ClaimDrained returned records %v, want %v, as Claim would", got, want)
 	}
 }
 
