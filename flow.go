@@ -159,6 +159,10 @@ type session struct {
 	// paced: the next claim is paced (see claimed); only a group of more
 	// than one record settling brings it forward.
 	paced bool
+	// busySettledDuringClaim: a group of more than one record settled while
+	// a claim was in flight, which may have read the table before the
+	// group's ack set its key free: that claim is not paced.
+	busySettledDuringClaim bool
 }
 
 func (f *Forwarder) newSession(ctx context.Context, once bool) (*session, context.CancelFunc) {
@@ -370,6 +374,8 @@ const quietPolls = 4
 func (s *session) claimed(ev event) {
 	s.claiming = false
 	s.paced = false
+	busy := s.busySettledDuringClaim
+	s.busySettledDuringClaim = false
 	now := time.Now()
 	if ev.err != nil {
 		err := fmt.Errorf("claim outbox records: %w", ev.err)
@@ -411,12 +417,12 @@ func (s *session) claimed(ev event) {
 	s.emptySince = time.Time{}
 	s.poll = s.cfg.PollMin
 	s.claimAt = time.Time{}
-	if ev.drained && !woken {
+	if ev.drained && !woken && !busy {
 		// The claim took all there was (the storage says so): the
 		// forwarder has caught up with its stream. The next claim comes
 		// PollMin/2 after this one started, not at once; a wake brings it
 		// at once (one during this claim too), and so does a group of more
-		// than one record settling (see settle). Claimed back to back, a
+		// than one record settling (see settle), during this claim too. Claimed back to back, a
 		// caught-up forwarder took a few records a claim, one claim in ten
 		// found none and slept PollMin, and every claim costs the database
 		// about what a batch of a hundred rows does, taken from the
@@ -493,8 +499,13 @@ func (s *session) settle(g *group, n int) {
 	// (a hot key among a trickle of others would otherwise wait up to
 	// PollMin/2 between its batches).
 	floor := s.settleFloor
-	if s.paced && len(g.records) > 1 {
-		floor = time.Time{}
+	if len(g.records) > 1 {
+		if s.paced {
+			floor = time.Time{}
+		}
+		if s.claiming {
+			s.busySettledDuringClaim = true
+		}
 	}
 	if s.claimAt.After(floor) {
 		s.claimAt = floor

@@ -310,4 +310,16 @@ func TestDrainedClaimsComePollMinHalfApart(t *testing.T) {
 	if !s.claimAt.IsZero() {
 		t.Fatalf("woken during a drained claim: the next claim is in %s, want it at once", time.Until(s.claimAt).Round(time.Minute))
 	}
+
+	// A group of two records settles while a claim is in flight: the
+	// claim may have read the table before the group's ack set its key
+	// free, and its drained answer must not pace the next one.
+	busy := claim(time.Now(), false, storage.Record{ID: 6, Key: "e"}, storage.Record{ID: 7, Key: "e"})[0]
+	s.claiming = true
+	started = time.Now()
+	settle(busy)
+	s.handle(event{kind: evClaimed, records: []storage.Record{{ID: 9, Key: "f"}}, drained: true, started: started})
+	if !s.claimAt.IsZero() {
+		t.Fatalf("a group of two records settled during a drained claim: the next claim is in %s, want it at once", time.Until(s.claimAt).Round(time.Minute))
+	}
 }

@@ -60,14 +60,29 @@ type claimLogger struct {
 }
 
 func (c claimLogger) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
+	recs, _, err := c.ClaimDrained(ctx, p)
+	return recs, err
+}
+
+// ClaimDrained passes the storage's drained report on (false from a
+// storage that gives none), so that a forwarder paces its claims as it
+// would without the log.
+func (c claimLogger) ClaimDrained(ctx context.Context, p storage.ClaimParams) ([]storage.Record, bool, error) {
 	start := time.Now()
-	recs, err := c.Storage.Claim(ctx, p)
+	var recs []storage.Record
+	var drained bool
+	var err error
+	if d, ok := c.Storage.(storage.DrainClaimer); ok {
+		recs, drained, err = d.ClaimDrained(ctx, p)
+	} else {
+		recs, err = c.Storage.Claim(ctx, p)
+	}
 	ids := make([]string, len(recs))
 	for i, r := range recs {
 		ids[i] = fmt.Sprintf("%d/%s", r.ID, r.Key)
 	}
-	fmt.Fprintf(c.out, "claim start=%s end=%s err=%v ids=%s\n", start.Format("15:04:05.000000"), time.Now().Format("15:04:05.000000"), err, strings.Join(ids, ","))
-	return recs, err
+	fmt.Fprintf(c.out, "claim start=%s end=%s err=%v drained=%v ids=%s\n", start.Format("15:04:05.000000"), time.Now().Format("15:04:05.000000"), err, drained, strings.Join(ids, ","))
+	return recs, drained, err
 }
 
 func main() {

@@ -745,11 +745,20 @@ cf AS MATERIALIZED (
     LIMIT $1) c),`, walks)
 		// The claim's last column, drained, says that it left no
 		// claimable row out (see [Storage.ClaimDrained]): its walk handed
-		// out fewer rows than asked, so it walked them all, and nothing is
-		// held. With a row held, rows parked behind a head that this claim
-		// did not lead could be left out, or a key's followers cut at its
-		// share of the batch. (Rows lost to an extension are in cf: a walk
-		// that filled the batch is not drained however many it lost.)
+		// out fewer rows than asked, so it walked them all, nothing is
+		// held, and no takeover was lost. With a row held, rows parked
+		// behind a head that this claim did not lead could be left out, or
+		// a key's followers cut at its share of the batch. A takeover lost
+		// to its owner's write-back leaves the next row of its key out,
+		// claimable once that write-back commits (rows lost to an extension
+		// are not claimable, but a claim cannot tell the two apart). With
+		// CommitFence never: the fence drops its rows after each walk's
+		// LIMIT, so a walk that stopped at the batch can come back short (a
+		// review found both).
+		drained := "(SELECT count(*) FROM cf) < $1 AND NOT (SELECT g FROM anyheld) AND NOT EXISTS (SELECT 1 FROM lost)"
+		if fence {
+			drained = "false"
+		}
 		strictClaim := func(followers, flight, flightLeases, park string) string {
 			return fmt.Sprintf(`WITH clk AS MATERIALIZED (SELECT clock_timestamp() AS t%[13]s),
 hb AS (
@@ -798,9 +807,9 @@ ins AS (
     RETURNING id, attempts),
 a AS (SELECT id, attempts FROM up UNION ALL SELECT id, attempts FROM ins)
 SELECT cf.id, cf.uuid, cf.topic, cf.key, cf.payload, cf.metadata, a.attempts, cf.created_at,
-    (SELECT count(*) FROM cf) < $1 AND NOT (SELECT g FROM anyheld) AS drained
+    %[17]s AS drained
 FROM a JOIN cf ON cf.id = a.id`, t, leases, due, anyHeld, leaseRows, leaseUntil, workers, memberTTL.Microseconds(), slotCount, head,
-				flight, followers, xmin, (memberTTL / 2).Microseconds(), flightLeases, park)
+				flight, followers, xmin, (memberTTL / 2).Microseconds(), flightLeases, park, drained)
 		}
 		claim = strictClaim(followers, flight, flightLeases, park)
 		leanClaim = strictClaim(lean, "", "", "")
@@ -1068,7 +1077,8 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 // snapshot is taken after the lock is held. It reports drained when the
 // claim's walk handed out fewer rows than asked and, with strict ordering,
 // no row is held back (parked, waiting for a retry, or dead or failed with
-// HoldOnDeadLetter): a forwarder that claims while records are held does
+// HoldOnDeadLetter) and no takeover was lost; never with strict ordering
+// and CommitFence. A forwarder that claims while records are held does
 // not pace its claims.
 func (s *Storage) ClaimDrained(ctx context.Context, p storage.ClaimParams) (_ []storage.Record, drained bool, err error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 || p.WorkerID == "" {
