@@ -27,8 +27,10 @@
 // Storages may also implement [StatsReader] (the metrics), [Inserter] (the
 // transactional publisher), [Maintainer] (purge, re-drive), [Operator] (what
 // the txoutbox command and an admin endpoint need: held keys, dead letters,
-// one record, skip), [Migrator] (versioned migrations) and [Diagnoser]
-// (doctor). A storage that holds keys on dead-letter keeps rule 4 with dead
+// one record, skip), [Migrator] (versioned migrations), [Diagnoser]
+// (doctor), [Membership] (key slots shared among forwarders) and
+// [DrainClaimer] (claims that tell they left nothing claimable out, by which
+// a caught-up forwarder paces its claims). A storage that holds keys on dead-letter keeps rule 4 with dead
 // records counted as not claimable, until they are re-driven or skipped.
 //
 // The interface is meant to be implemented by users and is kept stable: every
