@@ -354,8 +354,9 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
 		// A nack that holds its key (a retry later, or a failure that
 		// holds the key's later records with HoldOnDeadLetter) parks the
 		// rows behind it at once (those after the last lease of its key,
-		// see held: none of them is leased), parkChunk of them in the nack's statement
-		// and the rest in further statements of parkChunk each (Nack): an
+		// see held: none of them is leased), parkChunk of them in the
+		// nack's statement and the rest in further statements of parkChunk
+		// each (parkMore, from Nack; each again after the last lease): an
 		// outage parks each row once, when its key's head fails, not in the
 		// claims that follow, and no statement grows with the backlog of a
 		// key. Under the claim lock, like every parking (see writeBack).
