@@ -230,6 +230,17 @@ func claim(t testing.TB, s *Storage, worker string, batch int, lease time.Durati
 	return got
 }
 
+// claimDrained is claim through ClaimDrained: the ids it handed out, and
+// whether it reported the storage drained.
+func claimDrained(t testing.TB, s *Storage, worker string, batch int) ([]int64, bool) {
+	t.Helper()
+	got, drained, err := s.ClaimDrained(t.Context(), storage.ClaimParams{BatchSize: batch, Lease: time.Minute, WorkerID: worker})
+	if err != nil {
+		t.Fatalf("ClaimDrained: %v", err)
+	}
+	return idsOf(got), drained
+}
+
 func idsOf(records []storage.Record) []int64 {
 	out := make([]int64, len(records))
 	for i, r := range records {

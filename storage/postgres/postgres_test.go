@@ -1651,17 +1651,11 @@ func TestClaimReportsDrained(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
 			s := newStore(t, cfg)
-			drain := func(batch int) ([]int64, bool) {
-				t.Helper()
-				got, drained, err := s.ClaimDrained(ctx, storage.ClaimParams{BatchSize: batch, Lease: time.Minute, WorkerID: "w"})
-				must(t, err)
-				return idsOf(got), drained
-			}
 			ids := insert(t, s, rec("a"), rec("b"), rec(""), rec("c"), rec("d"))
-			if got, drained := drain(3); !slices.Equal(got, ids[:3]) || drained {
+			if got, drained := claimDrained(t, s, "w", 3); !slices.Equal(got, ids[:3]) || drained {
 				t.Fatalf("claimed %v (drained %v) of 5 rows with a batch of 3, want %v, not drained", got, drained, ids[:3])
 			}
-			if got, drained := drain(3); !slices.Equal(got, ids[3:]) || !drained {
+			if got, drained := claimDrained(t, s, "w", 3); !slices.Equal(got, ids[3:]) || !drained {
 				t.Fatalf("claimed %v (drained %v), want the last two %v, drained", got, drained, ids[3:])
 			}
 			if cfg.DisableStrictOrdering {
@@ -1674,7 +1668,7 @@ func TestClaimReportsDrained(t *testing.T) {
 			}
 			must(t, s.Nack(ctx, storage.NackParams{ID: held[0], WorkerID: "w", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
 			other := insert(t, s, rec("o"))
-			if got, drained := drain(10); !slices.Equal(got, other) || drained {
+			if got, drained := claimDrained(t, s, "w", 10); !slices.Equal(got, other) || drained {
 				t.Fatalf("claimed %v (drained %v) while %d waits for its retry, want %v, not drained", got, drained, held[0], other)
 			}
 		})
@@ -1689,12 +1683,6 @@ func TestClaimReportsDrained(t *testing.T) {
 // ack commits. (A review found both.)
 func TestClaimNotDrainedWhenItCannotTell(t *testing.T) {
 	t.Parallel()
-	drain := func(t *testing.T, s *Storage, worker string, batch int) ([]int64, bool) {
-		t.Helper()
-		got, drained, err := s.ClaimDrained(t.Context(), storage.ClaimParams{BatchSize: batch, Lease: time.Minute, WorkerID: worker})
-		must(t, err)
-		return idsOf(got), drained
-	}
 	t.Run("fence", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t, Config{CommitFence: true})
@@ -1702,7 +1690,7 @@ func TestClaimNotDrainedWhenItCannotTell(t *testing.T) {
 		// a's producer is still running, as far as the fence can tell.
 		_, err := s.pool.Exec(t.Context(), fmt.Sprintf(`UPDATE %s SET created_xid = CASE WHEN id = $1 THEN '9000000000000000'::xid8 END`, s.table), ids[0])
 		must(t, err)
-		if got, drained := drain(t, s, "w", 2); !slices.Equal(got, ids[1:2]) || drained {
+		if got, drained := claimDrained(t, s, "w", 2); !slices.Equal(got, ids[1:2]) || drained {
 			t.Fatalf("claimed %v (drained %v) with %d fenced and %d past the walk, want [%d], not drained", got, drained, ids[0], ids[2], ids[1])
 		}
 	})
@@ -1738,7 +1726,7 @@ func TestClaimNotDrainedWhenItCannotTell(t *testing.T) {
 		if r := <-done; !slices.Equal(r.ids, []int64{other}) || r.drained {
 			t.Fatalf("claimed %v (drained %v) while the ack of %d was under way, want [%d], not drained", r.ids, r.drained, m, other)
 		}
-		if got, _ := drain(t, s, "y", 10); !slices.Equal(got, ids[1:2]) {
+		if got, _ := claimDrained(t, s, "y", 10); !slices.Equal(got, ids[1:2]) {
 			t.Fatalf("claimed %v after the ack, want [%d]", got, ids[1])
 		}
 	})
