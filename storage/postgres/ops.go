@@ -91,7 +91,7 @@ func lockedByID(t, locked string) string {
 	return fmt.Sprintf(`UPDATE %[1]s SET hold = NULL WHERE id = ANY(ARRAY(SELECT %[2]s.id FROM %[2]s WHERE %[2]s.status = 'pending' AND %[2]s.hold = 'behind'))`, t, locked)
 }
 
-func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead, fence bool) queries {
+func buildQueries(t, leases, workers, delivered string, strict bool, visibility time.Duration, deleteOnAck, holdDead, fence, prepared bool) queries {
 	// A row is claimable when it is pending, due and not under a live lease.
 	due := "o.due_at <= (SELECT t FROM clk)"
 	if visibility > 0 {
@@ -898,6 +898,10 @@ UPDATE %[1]s SET hold = NULL WHERE id = ANY(ARRAY(
 		extendOutbox = fmt.Sprintf(`
 m AS MATERIALIZED (SELECT o.id FROM %s o WHERE o.id = ANY($1) AND o.status = 'pending' ORDER BY o.id FOR UPDATE),`, t)
 	}
+	genericPlan := "" // see plan below
+	if prepared {
+		genericPlan = "set_config('plan_cache_mode', 'force_generic_plan', true), "
+	}
 	lockLeases := "" // strict ordering only
 	if strict {
 		// An ack (and a dead-letter that sets free) locks its leases in a
@@ -996,14 +1000,16 @@ sl AS MATERIALIZED (
 		// arithmetic, far above jit_above_cost, and compiling the claim with
 		// LLVM took 600 ms for a claim that runs in under one.
 		//
-		// The claim's statements are planned once per connection, by the
-		// generic plan of the prepared statement (plan_cache_mode). Left to
-		// choose, PostgreSQL planned the full strict claim (anything held)
-		// anew at every execution: its generic plan's cost, disabled nodes
-		// included, never came under the custom plans' average. That was
-		// 3.3 ms of planning per claim on top of 1.6 ms of execution, with
-		// 200k rows parked behind a record in flight (TestClaimPlansOnce,
-		// TestClaimCostWithHeldRows).
+		// Where the pool prepares statements (pgx's default exec mode,
+		// prepared), the claim runs on the generic plan of its prepared
+		// statement, made once per connection (plan_cache_mode). Left to
+		// choose from the costs of its first executions, PostgreSQL could
+		// plan the full strict claim (anything held) anew at every claim: 29
+		// plannings for 28 claims, 3.3 ms each on top of 1.6 ms of execution,
+		// with 200k rows parked behind a record in flight, and the claim took
+		// 5.5 ms instead of 2.1 (TestClaimCostWithHeldRows failed a CI run on
+		// it). In the other exec modes the statement is unnamed and planned at
+		// every execution anyway, best with its parameters: no setting.
 		//
 		// Bitmap scans are allowed: the claim's row locks do not depend on
 		// the scan. Its takeover locks leases in id order by its SQL (tk),
@@ -1024,8 +1030,8 @@ sl AS MATERIALIZED (
 		// each key's first deliveries still in order (a forwarder publishes
 		// a key's records in id order and claims none behind a record
 		// another holds).
-		plan:     "SELECT set_config('synchronous_commit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
-		planLock: "SELECT set_config('synchronous_commit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
+		plan:     "SELECT set_config('synchronous_commit', 'off', true), " + genericPlan + "set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
+		planLock: "SELECT set_config('synchronous_commit', 'off', true), " + genericPlan + "set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
 
 		// Write-backs read the lease table by id; with a plan cached while
 		// it was small they would scan it whole (see plan). They lock lease

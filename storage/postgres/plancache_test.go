@@ -6,17 +6,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txoutbox/txoutbox/storage"
 )
 
-// TestClaimPlansOnce: the claim's statements are planned once per
-// connection and then run on that generic plan, the full strict claim (a
-// key held back) included, which PostgreSQL left to choose planned anew at
-// every claim (3.3 ms a claim with 200k rows parked). The storage runs on a
-// pool of one connection, so that pg_prepared_statements shows the plans of
-// every claim.
+// TestClaimPlansOnce: on a pool that prepares statements (pgx's default
+// exec mode) the claim's statements run on the generic plan of their
+// prepared statement from the first claim on, the full strict claim (a key
+// held back) included, never on a plan made for their parameters: left to
+// choose, PostgreSQL plans the first five executions of a prepared
+// statement for their parameters, and could go on doing so at every claim
+// (3.3 ms a claim with 200k rows parked). The storage runs on a pool of one
+// connection, so that pg_prepared_statements shows the plans of every
+// claim. In the other exec modes the statement is unnamed, planned at every
+// execution: the claim sets nothing there.
 func TestClaimPlansOnce(t *testing.T) {
 	t.Parallel()
 	cfg, err := pgxpool.ParseConfig(testDatabaseURL())
@@ -68,5 +73,19 @@ func TestClaimPlansOnce(t *testing.T) {
 	must(t, rows.Err())
 	if !full {
 		t.Fatal("the full claim is not among the connection's prepared statements")
+	}
+
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		cfg, err := pgxpool.ParseConfig(testDatabaseURL())
+		must(t, err)
+		cfg.ConnConfig.DefaultQueryExecMode = mode
+		other, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		must(t, err)
+		o, err := New(other, Config{Table: s.config.Table})
+		other.Close()
+		must(t, err)
+		if strings.Contains(o.q.planLock, "plan_cache_mode") {
+			t.Errorf("exec mode %v: the claim forces a generic plan on an unnamed statement", mode)
+		}
 	}
 }

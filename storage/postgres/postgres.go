@@ -238,8 +238,21 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 	s.delivered = siblingName(ident, "delivered")
 	s.skipped = siblingName(ident, "skipped")
 	s.q = buildQueries(s.table, s.leases, s.workers, s.delivered, !config.DisableStrictOrdering, config.VisibilityDelay, config.DeleteOnAck,
-		config.HoldOnDeadLetter, config.CommitFence)
+		config.HoldOnDeadLetter, config.CommitFence, prepares(pool))
 	return s, nil
+}
+
+// prepares reports whether pool prepares its statements (pgx's default exec
+// mode, QueryExecModeCacheStatement): the claim then runs on their generic
+// plans (see plan in buildQueries). A zero Pool, which has no config and
+// serves only to render SQL (SchemaSQL), counts as one.
+func prepares(pool *pgxpool.Pool) (yes bool) {
+	defer func() {
+		if recover() != nil {
+			yes = true
+		}
+	}()
+	return pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
 }
 
 // Table returns the outbox table as quoted in SQL, for example "app"."outbox".
