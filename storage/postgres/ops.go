@@ -1000,16 +1000,19 @@ sl AS MATERIALIZED (
 		// arithmetic, far above jit_above_cost, and compiling the claim with
 		// LLVM took 600 ms for a claim that runs in under one.
 		//
-		// Where the pool prepares statements (pgx's default exec mode,
+		// Where the pool prepares statements (pgx's default exec mode:
 		// prepared), the claim runs on the generic plan of its prepared
-		// statement, made once per connection (plan_cache_mode). Left to
-		// choose from the costs of its first executions, PostgreSQL could
-		// plan the full strict claim (anything held) anew at every claim: 29
-		// plannings for 28 claims, 3.3 ms each on top of 1.6 ms of execution,
-		// with 200k rows parked behind a record in flight, and the claim took
-		// 5.5 ms instead of 2.1 (TestClaimCostWithHeldRows failed a CI run on
-		// it). In the other exec modes the statement is unnamed and planned at
-		// every execution anyway, best with its parameters: no setting.
+		// statement (plan_cache_mode), made once per connection and again
+		// whenever PostgreSQL drops it (an ANALYZE of a table it reads, DDL).
+		// Left to choose from the costs of its first executions, PostgreSQL
+		// could plan the full strict claim (anything held) anew at every
+		// claim: 29 plannings for 28 claims, 3.3 ms each on top of 1.6 ms of
+		// execution, with 200k rows parked behind a record in flight, and the
+		// claim took 5.5 ms instead of 2.1 (TestClaimCostWithHeldRows failed
+		// a CI run on it). In the extended protocol's other exec modes the
+		// statement is unnamed and planned at every execution anyway, best
+		// with its parameters; the simple protocol sends the values in the
+		// SQL text. No setting there.
 		//
 		// Bitmap scans are allowed: the claim's row locks do not depend on
 		// the scan. Its takeover locks leases in id order by its SQL (tk),

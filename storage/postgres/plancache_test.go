@@ -75,17 +75,25 @@ func TestClaimPlansOnce(t *testing.T) {
 		t.Fatal("the full claim is not among the connection's prepared statements")
 	}
 
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+	// The settings statement of each kind of claim (with strict ordering
+	// and without), in each exec mode: the generic plan is forced where
+	// statements are prepared, and nowhere else. New does not connect.
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
 		cfg, err := pgxpool.ParseConfig(testDatabaseURL())
 		must(t, err)
 		cfg.ConnConfig.DefaultQueryExecMode = mode
 		other, err := pgxpool.NewWithConfig(t.Context(), cfg)
 		must(t, err)
-		o, err := New(other, Config{Table: s.config.Table})
+		strict, err := New(other, Config{Table: s.config.Table})
+		must(t, err)
+		loose, err := New(other, Config{Table: s.config.Table, DisableStrictOrdering: true})
 		other.Close()
 		must(t, err)
-		if strings.Contains(o.q.planLock, "plan_cache_mode") {
-			t.Errorf("exec mode %v: the claim forces a generic plan on an unnamed statement", mode)
+		want := mode == pgx.QueryExecModeCacheStatement
+		for name, sql := range map[string]string{"strict": strict.q.planLock, "without strict ordering": loose.q.plan} {
+			if got := strings.Contains(sql, "'plan_cache_mode', 'force_generic_plan'"); got != want {
+				t.Errorf("exec mode %v, %s: the claim forces the generic plan: %v, want %v", mode, name, got, want)
+			}
 		}
 	}
 }

@@ -244,8 +244,12 @@ func New(pool *pgxpool.Pool, config Config) (*Storage, error) {
 
 // prepares reports whether pool prepares its statements (pgx's default exec
 // mode, QueryExecModeCacheStatement): the claim then runs on their generic
-// plans (see plan in buildQueries). A zero Pool, which has no config and
-// serves only to render SQL (SchemaSQL), counts as one.
+// plans (see plan in buildQueries). It reads the pool's config when the
+// storage is made: a mode changed later, or by a BeforeConnect hook, is not
+// seen (the claim is then planned as PostgreSQL chooses, or forced generic
+// where it is planned at every execution: slower, never wrong). A zero Pool,
+// which has no config and serves only to render SQL (SchemaSQL), counts as
+// one.
 func prepares(pool *pgxpool.Pool) (yes bool) {
 	defer func() {
 		if recover() != nil {
