@@ -376,6 +376,12 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
 			headHolds = fmt.Sprintf(`(h.hold IS NOT NULL OR (h.last_error IS NOT NULL
                 AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id = h.id)))`, leases)
 		}
+		// afterLastLease is where a parking of key's rows starts: after the
+		// row after, or after the key's last lease above it, live or run out
+		// (no row is parked below a lease of its key, see held).
+		afterLastLease := func(after, key string) string {
+			return fmt.Sprintf(`GREATEST(%[1]s, (SELECT COALESCE(max(y.id), 0) FROM %[3]s y WHERE y.id > %[1]s AND y.key = %[2]s))`, after, key, leases)
+		}
 		parkRows := func(from string) string {
 			return fmt.Sprintf(`p AS (
     UPDATE %[1]s f SET hold = 'behind'
@@ -391,10 +397,10 @@ SELECT (SELECT count(*) FROM x WHERE x.hold IS NULL), (SELECT COALESCE(max(x.id)
 x AS (
     SELECT b.id, b.key, b.hold FROM n CROSS JOIN LATERAL (
         SELECT b.id, b.key, b.hold FROM %[1]s b WHERE b.status = 'pending' AND b.key <> '' AND b.key = n.key
-          AND (b.key, b.id) > (n.key, GREATEST(n.id, (SELECT COALESCE(max(y.id), 0) FROM %[6]s y WHERE y.id > n.id AND y.key = n.key)))
+          AND (b.key, b.id) > (n.key, %[6]s)
         ORDER BY b.id LIMIT %[2]d) b
     WHERE n.key <> '' AND %[3]s),
-%[4]s`, t, parkChunk, holds, parkRows(fmt.Sprintf("(SELECT COALESCE(bool_or(%s), false) FROM n)", holds)), nackSet, leases)
+%[4]s`, t, parkChunk, holds, parkRows(fmt.Sprintf("(SELECT COALESCE(bool_or(%s), false) FROM n)", holds)), nackSet, afterLastLease("n.id", "n.key"))
 		// The next parkChunk rows of key $1 after id $2, while the record
 		// $3 still holds the key.
 		parkMore = fmt.Sprintf(`WITH hd AS MATERIALIZED (
@@ -402,9 +408,9 @@ x AS (
 x AS (
     SELECT b.id, b.key, b.hold FROM %[1]s b
     WHERE (SELECT holds FROM hd) AND b.status = 'pending' AND b.key <> '' AND b.key = $1
-      AND (b.key, b.id) > ($1::text, GREATEST($2::bigint, (SELECT COALESCE(max(y.id), 0) FROM %[5]s y WHERE y.id > $2::bigint AND y.key = $1)))
+      AND (b.key, b.id) > ($1::text, %[5]s)
     ORDER BY b.id LIMIT %[2]d),
-%[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"), leases)
+%[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"), afterLastLease("$2::bigint", "$1"))
 		// Released rows behind a held record are parked at once, unless a
 		// later record of their key is still leased (see held).
 		release = fenced("= ANY($1)", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s
@@ -898,10 +904,16 @@ UPDATE %[1]s SET hold = NULL WHERE id = ANY(ARRAY(
 		extendOutbox = fmt.Sprintf(`
 m AS MATERIALIZED (SELECT o.id FROM %s o WHERE o.id = ANY($1) AND o.status = 'pending' ORDER BY o.id FOR UPDATE),`, t)
 	}
-	genericPlan := "" // see plan below
+	// The settings of a claim's transaction (see plan below) and of a
+	// write-back's, and the claim lock that planLock and writePlanLock add.
+	genericPlan := ""
 	if prepared {
 		genericPlan = "set_config('plan_cache_mode', 'force_generic_plan', true), "
 	}
+	claimSettings := "SELECT set_config('synchronous_commit', 'off', true), " + genericPlan +
+		"set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
+	writeSettings := "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
+	claimLock := ", pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))"
 	lockLeases := "" // strict ordering only
 	if strict {
 		// An ack (and a dead-letter that sets free) locks its leases in a
@@ -1033,8 +1045,8 @@ sl AS MATERIALIZED (
 		// each key's first deliveries still in order (a forwarder publishes
 		// a key's records in id order and claims none behind a record
 		// another holds).
-		plan:     "SELECT set_config('synchronous_commit', 'off', true), " + genericPlan + "set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
-		planLock: "SELECT set_config('synchronous_commit', 'off', true), " + genericPlan + "set_config('enable_sort', 'off', true), set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
+		plan:     claimSettings,
+		planLock: claimSettings + claimLock,
 
 		// Write-backs read the lease table by id; with a plan cached while
 		// it was small they would scan it whole (see plan). They lock lease
@@ -1042,8 +1054,8 @@ sl AS MATERIALIZED (
 		// will do: locking first costs an ack of 1000 rows about 0.5 ms
 		// (BenchmarkClaimAck, strict: 6.3-6.5 ms against 5.6-6.2; see
 		// docs/benchmarks.md for the drains).
-		writePlan:     "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
-		writePlanLock: "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), pg_advisory_xact_lock(hashtextextended('txoutbox claim ' || $1::regclass::oid::text, 0))",
+		writePlan:     writeSettings,
+		writePlanLock: writeSettings + claimLock,
 
 		// A lease that ran out is not extended, even when nobody took it
 		// over yet: the forwarder may already have been overtaken. The clock
