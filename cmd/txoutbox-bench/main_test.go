@@ -134,18 +134,55 @@ func TestSinkLeavesTheWarmUpOutOfTheLatencies(t *testing.T) {
 	}
 }
 
+// TestSinkSplitsOffTheRelaysPart: the relay's part of a latency runs from
+// the return of the producer's Commit to the delivery; a delivery before
+// that return counts as 0, and a message whose commit was not recorded is
+// left out of it.
+func TestSinkSplitsOffTheRelaysPart(t *testing.T) {
+	s := newSink(3, 0, nil, 0, true)
+	now := time.Now()
+	sentAt := func(i int, at time.Time) *message.Message {
+		m := messageWithUUID(makeUUID(i))
+		m.Metadata.Set(metaSent, strconv.FormatInt(at.UnixNano(), 10))
+		return m
+	}
+	s.commit([]int{0}, now.Add(-40*time.Millisecond))
+	if err := s.Publish("t", sentAt(0, now.Add(-100*time.Millisecond)), sentAt(1, now), sentAt(2, now)); err != nil {
+		t.Fatal(err)
+	}
+	s.commit([]int{1}, time.Now().Add(time.Second)) // returned after the delivery
+	relay := s.relayLatencies()
+	if len(relay) != 2 {
+		t.Fatalf("relay latencies %v, want two (message 2's commit is not recorded)", relay)
+	}
+	if relay[0] < 40*time.Millisecond || relay[0] >= s.latencies[0] {
+		t.Errorf("message 0: relay %s, want at least 40ms and less than its latency %s", relay[0], s.latencies[0])
+	}
+	if relay[1] != 0 {
+		t.Errorf("message 1, delivered before its Commit returned: relay %s, want 0", relay[1])
+	}
+	var oc outcome
+	(&bench{}).finish(&oc, s)
+	if oc.rp99 != relay[0] || oc.rp50 != relay[0] {
+		t.Errorf("finish: relay p50 %s p99 %s, want both %s (the upper of two)", oc.rp50, oc.rp99, relay[0])
+	}
+}
+
 // TestMedianRunsTakesEachFigureOnItsOwn: with -repeat, the latency and
 // steady scenarios report the median rate, p50 and p99 of the runs, which
 // may come from different runs, and add up their duplicates and losses.
 func TestMedianRunsTakesEachFigureOnItsOwn(t *testing.T) {
 	ms := time.Millisecond
 	got := medianRuns([]outcome{
-		{p50: 2 * ms, p99: 40 * ms, rate: 900, n: 10, dup: 1},
-		{p50: 3 * ms, p99: 5 * ms, rate: 100, n: 10},
-		{p50: 9 * ms, p99: 6 * ms, rate: 500, n: 10, lost: 2},
+		{p50: 2 * ms, p99: 40 * ms, rp50: 7 * ms, rp99: 1 * ms, rate: 900, n: 10, dup: 1},
+		{p50: 3 * ms, p99: 5 * ms, rp50: 1 * ms, rp99: 8 * ms, rate: 100, n: 10},
+		{p50: 9 * ms, p99: 6 * ms, rp50: 2 * ms, rp99: 3 * ms, rate: 500, n: 10, lost: 2},
 	})
 	if got.p50 != 3*ms || got.p99 != 6*ms || got.rate != 500 || got.n != 30 || got.dup != 1 || got.lost != 2 {
 		t.Errorf("medianRuns = p50 %s p99 %s rate %.0f n %d dup %d lost %d; want 3ms, 6ms, 500, 30, 1, 2", got.p50, got.p99, got.rate, got.n, got.dup, got.lost)
+	}
+	if got.rp50 != 2*ms || got.rp99 != 3*ms {
+		t.Errorf("medianRuns relay p50 %s p99 %s, want 2ms and 3ms", got.rp50, got.rp99)
 	}
 	if got := medianRuns(nil); got.p99 != 0 {
 		t.Errorf("medianRuns(nil).p99 = %s, want 0 (no runs: the table shows -)", got.p99)

@@ -42,6 +42,20 @@ type sink struct {
 	recordFrom atomic.Int64
 	mu         sync.Mutex
 	latencies  []time.Duration
+	// recorded: the message index and the delivery time (unix nanos) of
+	// each latency in latencies, in the same order.
+	recorded []delivery
+	// committed (unix nanos, by message index, when latencies are
+	// recorded): when the Commit of the producer's transaction returned; 0
+	// until it has. It splits a latency into the producer's part (Publish to
+	// the commit) and the relay's (the commit to the delivery).
+	committed []atomic.Int64
+}
+
+// delivery is a message index and when it was delivered (unix nanos).
+type delivery struct {
+	idx int
+	at  int64
 }
 
 func newSink(n, keys int, keyOf func(int) int, latency time.Duration, recordLatency bool) *sink {
@@ -56,6 +70,9 @@ func newSink(n, keys int, keyOf func(int) int, latency time.Duration, recordLate
 		target:        int64(n),
 		done:          make(chan struct{}),
 		recordLatency: recordLatency,
+	}
+	if recordLatency {
+		s.committed = make([]atomic.Int64, n)
 	}
 	if keys > 0 {
 		s.lastIdx = make([]atomic.Int64, keys)
@@ -99,6 +116,7 @@ func (s *sink) Publish(_ string, msgs ...*message.Message) error {
 			if sent, err := strconv.ParseInt(m.Metadata.Get(metaSent), 10, 64); err == nil && sent >= s.recordFrom.Load() {
 				s.mu.Lock()
 				s.latencies = append(s.latencies, now.Sub(time.Unix(0, sent)))
+				s.recorded = append(s.recorded, delivery{idx, now.UnixNano()})
 				s.mu.Unlock()
 			}
 		}
@@ -150,4 +168,34 @@ func parseUUID(u string) (int, bool) {
 	}
 	n, err := strconv.Atoi(u[24:])
 	return n, err == nil && n >= 0
+}
+
+// commit records that the transaction of the messages ids has committed
+// (its producer's Commit returned at now).
+func (s *sink) commit(ids []int, now time.Time) {
+	if s.committed == nil {
+		return
+	}
+	for _, i := range ids {
+		if i < len(s.committed) {
+			s.committed[i].Store(now.UnixNano())
+		}
+	}
+}
+
+// relayLatencies returns, for each recorded latency whose commit was
+// recorded, the time from the commit to the delivery: the relay's part. A
+// relay woken by NOTIFY can deliver a message before its producer's Commit
+// call has returned (the notification goes out as the transaction commits);
+// that counts as 0.
+func (s *sink) relayLatencies() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]time.Duration, 0, len(s.recorded))
+	for _, d := range s.recorded {
+		if c := s.committed[d.idx].Load(); c > 0 {
+			out = append(out, time.Duration(max(d.at-c, 0)))
+		}
+	}
+	return out
 }
