@@ -551,7 +551,7 @@ type outcome struct {
 	reorders  int64
 	p50, p99  time.Duration
 	// rp50, rp99: the relay's part of the latency, from the producer's
-	// commit to the delivery (latency and steady scenarios).
+	// commit to the delivery (printed by the latency scenario).
 	rp50, rp99 time.Duration
 	n          int
 	cpu        string // database+relay CPU per message, when measured
@@ -977,8 +977,8 @@ func (b *bench) latency(ctx context.Context) error {
 		row{scenario: "latency p50", settings: settings, txo: ms(t.p50), wm: ms(best.p50), ratio: ratio(best.p50.Seconds(), t.p50.Seconds()) + " faster", txoDL: t.dl(), wmDL: best.dl()},
 		row{scenario: "latency p99", settings: settings, txo: ms(t.p99), wm: ms(best.p99), ratio: ratio(best.p99.Seconds(), t.p99.Seconds()) + " faster", txoDL: t.dl(), wmDL: best.dl()},
 		// The same messages from the return of their producer's Commit: the
-		// relay's part, without the producers' inserts and commits (which
-		// differ: txoutbox's table has a key index and the NOTIFY trigger).
+		// relay's part, without the producers' transactions (which differ:
+		// txoutbox's table has a key index and the NOTIFY trigger).
 		row{scenario: "latency relay p50", settings: "from the producer's commit: " + settings, txo: ms(t.rp50), wm: ms(best.rp50), ratio: ratio(best.rp50.Seconds(), t.rp50.Seconds()) + " faster", txoDL: t.dl(), wmDL: best.dl()},
 		row{scenario: "latency relay p99", settings: "from the producer's commit: " + settings, txo: ms(t.rp99), wm: ms(best.rp99), ratio: ratio(best.rp99.Seconds(), t.rp99.Seconds()) + " faster", txoDL: t.dl(), wmDL: best.dl()},
 	)

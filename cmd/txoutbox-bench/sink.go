@@ -47,8 +47,10 @@ type sink struct {
 	recorded []delivery
 	// committed (unix nanos, by message index, when latencies are
 	// recorded): when the Commit of the producer's transaction returned; 0
-	// until it has. It splits a latency into the producer's part (Publish to
-	// the commit) and the relay's (the commit to the delivery).
+	// until it has. It splits a latency into the producer's part (from the
+	// send stamp, taken as the message is built before its transaction
+	// begins, to the commit: BEGIN, the insert and the commit) and the
+	// relay's (the commit to the delivery).
 	committed []atomic.Int64
 }
 
@@ -185,9 +187,9 @@ func (s *sink) commit(ids []int, now time.Time) {
 
 // relayLatencies returns, for each recorded latency whose commit was
 // recorded, the time from the commit to the delivery: the relay's part. A
-// relay woken by NOTIFY can deliver a message before its producer's Commit
-// call has returned (the notification goes out as the transaction commits);
-// that counts as 0.
+// relay can deliver a message before its producer's Commit call has
+// returned (the transaction is committed in the database before the
+// producer's goroutine hears of it); that counts as 0.
 func (s *sink) relayLatencies() []time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
