@@ -192,6 +192,26 @@ func TestPublishTxRecordsTheCommitInTheRunsSink(t *testing.T) {
 	}
 }
 
+// TestSpeedSaysWhichWay: a latency ratio reads "faster" only when
+// txoutbox's latency is the lower one.
+func TestSpeedSaysWhichWay(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		txo, wm time.Duration
+		want    string
+	}{
+		{1 * ms, 2 * ms, "2.00x faster"},
+		{2 * ms, 2 * ms, "1.00x faster"},
+		{4 * ms, 2 * ms, "2.00x slower"},
+		{0, 2 * ms, "-"},
+		{2 * ms, 0, "-"},
+	} {
+		if got := speed(c.txo, c.wm); got != c.want {
+			t.Errorf("speed(%s, %s) = %q, want %q", c.txo, c.wm, got, c.want)
+		}
+	}
+}
+
 // TestMedianRunsTakesEachFigureOnItsOwn: with -repeat, the latency and
 // steady scenarios report the median rate, p50 and p99 of the runs, which
 // may come from different runs, and add up their duplicates and losses.
