@@ -10,8 +10,9 @@
 //	go run ./cmd/txoutbox-bench -scenarios drain -latency 1ms -batch 1000 -forwarders 1,4
 //
 // Scenarios: insert (producer msgs/s), drain (a backlog, msgs/s), steady
-// (producers and forwarders together), latency (p50/p99 from the Publish
-// call in the producer's transaction to the target at a fixed offered load,
+// (producers and forwarders together), latency (p50/p99 from a message's
+// send stamp, taken just before its producer's transaction begins, to the
+// target at a fixed offered load,
 // and the relay's part of it, from the return of the producer's Commit;
 // txoutbox woken by LISTEN/NOTIFY, Watermill polling),
 // hotkey (a backlog on one key, then on 10 keys carrying half the messages,

@@ -9,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// metaSent holds when the producer called Publish inside its transaction
-// (unix nanoseconds): the start of the commit-to-publish latency.
+// metaSent holds when the message was built, just before its producer's
+// transaction begins (unix nanoseconds): the start of its latency.
 const metaSent = "bench_sent"
 
 // sink is the broker both relays publish to: it sleeps the simulated broker
