@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -81,6 +82,8 @@ func runConsole(ctx context.Context, e *env) error {
 	var handler http.Handler = h
 	if password != "" {
 		handler = basicAuth(password, h)
+	} else {
+		handler = loopbackOnly(h)
 	}
 
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
@@ -141,6 +144,70 @@ func loopbackClient(r *http.Request) bool {
 		return false
 	}
 	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// forwardingHeaders are what a reverse proxy adds to the requests it passes
+// on (Caddy, Apache, Traefik and most nginx set-ups add one or more).
+var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip", "Via"}
+
+// loopbackOnly is the gate of a console without a password, which trusts
+// the client's address. It serves only requests that come straight from
+// this host and name it: a client address on the loopback interface is not
+// enough on its own.
+//
+//   - A web page the operator opens can rebind its own name to 127.0.0.1
+//     (DNS rebinding): the browser then connects to the console, sends the
+//     page's cookies-free requests with Host set to the attacker's name, and
+//     lets the page read the answers, since for the browser they come from
+//     the page's own origin. The console therefore answers only a Host that
+//     is a loopback address or "localhost" (on any port: an SSH tunnel's
+//     local port may differ from --listen's).
+//   - A reverse proxy on the same host connects from 127.0.0.1 on behalf of
+//     every client it serves. A request carrying a forwarding header is
+//     refused; a proxy that adds none (nginx's default proxy_pass) cannot
+//     be told apart, which docs/console.md warns about.
+func loopbackOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refuse := func(why string) {
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.Header().Set("Cache-Control", "no-store")
+			http.Error(w, "403 forbidden: "+why, http.StatusForbidden)
+		}
+		if !loopbackClient(r) {
+			refuse("without " + envConsolePassword + " the console serves clients on this host only (use an SSH tunnel)")
+			return
+		}
+		for _, h := range forwardingHeaders {
+			if r.Header.Get(h) != "" {
+				refuse("this request came through a proxy (it has a " + h + " header). Without " + envConsolePassword +
+					" the console trusts the client's address, which a proxy on this host makes 127.0.0.1 for everyone: set " +
+					envConsolePassword + " to serve it behind a proxy")
+				return
+			}
+		}
+		if !loopbackHost(r.Host) {
+			refuse("the Host header does not name this host. Open the console at http://127.0.0.1:PORT/ or http://localhost:PORT/; " +
+				"another name is what a web page uses to reach a console on your machine (DNS rebinding)")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// loopbackHost reports whether a Host header names this host: "localhost"
+// or a loopback address, with or without a port.
+func loopbackHost(host string) bool {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	} else if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		name = host[1 : len(host)-1]
+	}
+	if strings.EqualFold(name, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(name)
 	return ip != nil && ip.IsLoopback()
 }
 
