@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 
@@ -190,7 +192,7 @@ func New(store storage.StatsReader, config Config, logger watermill.LoggerAdapte
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	h := &Handler{config: config, stats: store, logger: logger.With(watermill.LogFields{"component": "txoutbox-console"})}
+	h := &Handler{config: config, stats: store, logger: safeLogger{logger.With(watermill.LogFields{"component": "txoutbox-console"})}}
 	if op, ok := store.(storage.Operator); ok {
 		h.op = op
 	} else {
@@ -234,7 +236,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "403 forbidden: not authorised to use the outbox console", http.StatusForbidden)
 		return
 	}
+	if !textValues(r.URL.Query()) {
+		h.renderError(w, r, http.StatusBadRequest, "Bad request", notText)
+		return
+	}
 	h.mux.ServeHTTP(w, r)
+}
+
+// notText says why a request with a value that is not text is refused.
+const notText = "A value in the request is not text: it holds a NUL byte or bytes that are not UTF-8, which no key, topic, error or reason the console filters by or records can hold."
+
+// textValues reports whether every name and value of v is UTF-8 without a
+// NUL byte: PostgreSQL and MySQL refuse to compare anything else with
+// text, and it would be a storage error (500, and an ERROR line) per
+// request.
+func textValues(v url.Values) bool {
+	ok := func(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+	for k, vs := range v {
+		if !ok(k) {
+			return false
+		}
+		for _, s := range vs {
+			if !ok(s) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (h *Handler) routes() {

@@ -63,6 +63,10 @@ func (h *Handler) withCSRF(next http.HandlerFunc) http.HandlerFunc {
 			h.renderError(w, r, http.StatusBadRequest, "Bad form", err.Error())
 			return
 		}
+		if !textValues(r.PostForm) {
+			h.renderError(w, r, http.StatusBadRequest, "Bad request", notText)
+			return
+		}
 		c, err := r.Cookie(sessionCookie)
 		if err != nil || len(c.Value) < 32 {
 			h.refuse(w, r, "no console session cookie")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/base64"
@@ -19,6 +20,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/storage"
 	"github.com/txoutbox/txoutbox/storage/sqlite"
 )
@@ -112,6 +114,22 @@ func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	if err != nil {
 		return usageError{fmt.Sprintf("%s: %v (see 'txoutbox %s --help')", c.name, err, c.name)}
 	}
+	// Keys, topics, errors and reasons are text: bytes that are not UTF-8
+	// would be a database error (PostgreSQL and MySQL refuse to compare them).
+	var notText string
+	fs.Visit(func(f *flag.Flag) {
+		if !utf8.ValidString(f.Value.String()) {
+			notText = "--" + f.Name
+		}
+	})
+	for _, a := range pos {
+		if !utf8.ValidString(a) {
+			notText = "an argument"
+		}
+	}
+	if notText != "" {
+		return usageError{fmt.Sprintf("%s: %s is not UTF-8 text", c.name, notText)}
+	}
 	e.args, e.fs = pos, fs
 	e.opts.passwordRedactor = red
 	return c.run(ctx, e)
@@ -197,12 +215,18 @@ func printCommandHelp(w io.Writer, c *command) {
 	fs.PrintDefaults()
 }
 
-// emit writes v as JSON with --json, else calls text.
+// emit writes v as JSON with --json, else calls text. Text that came from
+// the table goes through safetext in text (Quote for names, Escape for free
+// text); in JSON, safetext.JSON escapes what encoding/json leaves raw, so
+// neither can reach the terminal with a control character.
 func (e *env) emit(v any, text func(w io.Writer)) error {
 	if e.opts.jsonOut {
-		enc := json.NewEncoder(e.out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
+		b, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = e.out.Write(append(safetext.JSON(b), '\n'))
+		return err
 	}
 	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
 	text(tw)
@@ -477,7 +501,7 @@ var cmdStatus = &command{
 			if len(held) > 0 {
 				fmt.Fprintln(w, "\nKEY\tHEAD\tWHY\tBEHIND\tSINCE\tLAST ERROR")
 				for _, h := range held {
-					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\t%s\n", h.Key, h.HeadID, holdWhy(h), h.Behind, formatTime(h.Since), oneLine(h.LastError, 60))
+					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\t%s\n", safetext.Quote(h.Key), h.HeadID, holdWhy(h), h.Behind, formatTime(h.Since), oneLine(h.LastError, 60))
 				}
 			}
 		})
@@ -515,7 +539,7 @@ func toHeldKeyJSON(h storage.HeldKey) heldKeyJSON {
 func holdWhy(h storage.HeldKey) string {
 	switch h.Reason {
 	case storage.HoldLeased:
-		return fmt.Sprintf("leased by %s until %s", h.LeasedBy, formatTime(h.Until))
+		return fmt.Sprintf("leased by %s until %s", safetext.Quote(h.LeasedBy), formatTime(h.Until))
 	case storage.HoldRetry:
 		return "retry at " + formatTime(h.Until)
 	}
@@ -558,7 +582,7 @@ var cmdDeadList = &command{
 		return e.emit(out, func(w io.Writer) {
 			fmt.Fprintln(w, "ID\tKEY\tTOPIC\tATTEMPTS\tCREATED\tDEAD SINCE\tERROR")
 			for _, r := range recs {
-				fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Record.ID, r.Record.Key, r.Record.Topic, r.Record.Attempts,
+				fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Record.ID, safetext.Quote(r.Record.Key), safetext.Quote(r.Record.Topic), r.Record.Attempts,
 					formatTime(r.Record.CreatedAt), formatTime(r.DeadAt), oneLine(r.LastError, 80))
 			}
 		})
@@ -591,23 +615,23 @@ var cmdDeadShow = &command{
 		j := toRecordJSON(r, true)
 		return e.emit(j, func(w io.Writer) {
 			fmt.Fprintf(w, "id\t%d\n", j.ID)
-			fmt.Fprintf(w, "uuid\t%s\n", j.UUID)
+			fmt.Fprintf(w, "uuid\t%s\n", safetext.Quote(j.UUID))
 			fmt.Fprintf(w, "status\t%s\n", j.Status)
-			fmt.Fprintf(w, "topic\t%s\n", j.Topic)
-			fmt.Fprintf(w, "key\t%s\n", j.Key)
+			fmt.Fprintf(w, "topic\t%s\n", safetext.Quote(j.Topic))
+			fmt.Fprintf(w, "key\t%s\n", safetext.Quote(j.Key))
 			fmt.Fprintf(w, "attempts\t%d\n", j.Attempts)
 			fmt.Fprintf(w, "created\t%s\n", formatTime(r.Record.CreatedAt))
 			if !r.DeadAt.IsZero() {
 				fmt.Fprintf(w, "dead since\t%s\n", formatTime(r.DeadAt))
 			}
 			if r.Status == storage.StatusSkipped {
-				fmt.Fprintf(w, "skipped\t%s: %s\n", formatTime(r.SkippedAt), r.SkipReason)
+				fmt.Fprintf(w, "skipped\t%s: %s\n", formatTime(r.SkippedAt), safetext.Escape(r.SkipReason))
 			}
-			fmt.Fprintf(w, "error\t%s\n", oneLine(r.LastError, 0))
+			fmt.Fprintf(w, "error\t%s\n", cmp.Or(safetext.Escape(r.LastError), "-"))
 			for _, k := range sortedKeys(r.Record.Metadata) {
-				fmt.Fprintf(w, "metadata %s\t%s\n", k, r.Record.Metadata[k])
+				fmt.Fprintf(w, "metadata %s\t%s\n", safetext.Quote(k), safetext.Escape(r.Record.Metadata[k]))
 			}
-			fmt.Fprintf(w, "payload (%s)\t%s\n", j.PayloadEncoding, j.Payload)
+			fmt.Fprintf(w, "payload (%s)\t%s\n", j.PayloadEncoding, safetext.Escape(j.Payload))
 		})
 	},
 }
@@ -826,7 +850,7 @@ var cmdDoctor = &command{
 		if werr := e.emit(out, func(w io.Writer) {
 			fmt.Fprintln(w, "CHECK\tRESULT\tDETAIL")
 			for _, f := range findings {
-				fmt.Fprintf(w, "%s\t%s\t%s\n", f.Check, f.Severity, f.Message)
+				fmt.Fprintf(w, "%s\t%s\t%s\n", f.Check, f.Severity, safetext.Escape(f.Message))
 			}
 		}); werr != nil {
 			return werr
@@ -906,16 +930,17 @@ func timePtr(t time.Time) *time.Time {
 	return &u
 }
 
-// oneLine flattens s to one line, cut to max runes (0: no cut).
+// oneLine flattens s to one line, cut to max runes (0: no cut), with its
+// control characters escaped (safetext.Escape).
 func oneLine(s string, max int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if s == "" {
 		return "-"
 	}
 	if r := []rune(s); max > 0 && len(r) > max {
-		return string(r[:max-1]) + "…"
+		s = string(r[:max-1]) + "…"
 	}
-	return s
+	return safetext.Escape(s)
 }
 
 func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }

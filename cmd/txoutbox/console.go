@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -57,7 +58,11 @@ func runConsole(ctx context.Context, e *env) error {
 	}
 	defer func() { _ = b.close() }()
 
-	logger := watermill.NewStdLoggerWithOut(e.errOut, false, false) // stderr, through the redactor
+	// Audit lines on stderr, as slog's text lines: it quotes any value with
+	// a space, a quote or an equals sign, so a value cannot pass for another
+	// field (Watermill's StdLogger only wraps values with spaces in quotes),
+	// and the console escapes control characters before.
+	logger := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(e.errOut, nil)))
 	cfg := console.Config{
 		Authorize:      loopbackClient,
 		EnableActions:  actions,

@@ -44,6 +44,12 @@ func (b *consoleBuffer) String() string {
 // more record) and returns its URL and table.
 func consoleDB(t *testing.T, kind string) (string, string) {
 	t.Helper()
+	return consoleDBWithKey(t, kind, "k")
+}
+
+// consoleDBWithKey is consoleDB with the records' key chosen.
+func consoleDBWithKey(t *testing.T, kind, key string) (string, string) {
+	t.Helper()
 	var f fixture
 	switch kind {
 	case "mysql":
@@ -91,8 +97,8 @@ func consoleDB(t *testing.T, kind string) (string, string) {
 	ctx := context.Background()
 	tx, commit := f.begin(t)
 	if err := s.Insert(ctx, tx, []storage.Record{
-		{UUID: "u1", Topic: "orders", Key: "k", Payload: []byte(`{"poison":"<script>x</script>"}`)},
-		{UUID: "u2", Topic: "orders", Key: "k", Payload: []byte("behind")},
+		{UUID: "u1", Topic: "orders", Key: key, Payload: []byte(`{"poison":"<script>x</script>"}`)},
+		{UUID: "u2", Topic: "orders", Key: key, Payload: []byte("behind")},
 	}); err != nil {
 		t.Fatal(err)
 	}

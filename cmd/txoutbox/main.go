@@ -40,6 +40,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/txoutbox/txoutbox/internal/safetext"
 )
 
 // Exit codes; see the package documentation.
@@ -105,16 +107,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case errors.Is(err, errHelp):
 		return exitOK
 	case errors.As(err, &ue):
-		fmt.Fprintf(errOut, "txoutbox: %v\nRun 'txoutbox help' for usage.\n", err)
+		fmt.Fprintf(errOut, "txoutbox: %s\nRun 'txoutbox help' for usage.\n", safetext.Escape(err.Error()))
 		return exitUsage
 	case errors.As(err, &ae):
-		fmt.Fprintf(errOut, "txoutbox: %v\n", err)
+		fmt.Fprintf(errOut, "txoutbox: %s\n", safetext.Escape(err.Error()))
 		return exitAttention
 	case errors.As(err, &nf):
-		fmt.Fprintf(errOut, "txoutbox: %v\n", err)
+		fmt.Fprintf(errOut, "txoutbox: %s\n", safetext.Escape(err.Error()))
 		return exitNotFound
 	default:
-		fmt.Fprintf(errOut, "txoutbox: %v\n", err)
+		fmt.Fprintf(errOut, "txoutbox: %s\n", safetext.Escape(err.Error()))
 		return exitError
 	}
 }

@@ -8,6 +8,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/storage"
 )
 
 // hostileRequest sends a request to the console at base as a page of
@@ -172,3 +175,98 @@ func deadCount(t *testing.T, dbURL, table string) int64 {
 }
 
 var tokenField = regexp.MustCompile(`name="csrf_token" value="([^"]+)"`)
+
+// TestConsoleAuditLinesCannotBeForged re-drives a key, and skips a record
+// with a reason, each holding a complete audit line after a newline, as a
+// basic-auth user whose name holds one too: stderr gets exactly one line
+// per action, and no forged one.
+func TestConsoleAuditLinesCannotBeForged(t *testing.T) {
+	forged := "\n[watermill] 2026/12/07 10:00:00.000000 console.go:1: \tlevel=INFO msg=\"txoutbox console: skip\" action=skip actor=alice id=1 reason=forged "
+	for _, kind := range []string{"sqlite", "postgres", "mysql"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Setenv(envConsolePassword, "s3cret-pass")
+			dbURL, table := consoleDBWithKey(t, kind, "k"+forged+"key=")
+			base, stderr, stop := startConsole(t, dbURL, "--actions", "--table", table)
+			user := "mallory" + strings.ReplaceAll(forged, ":", ".") + "actor=" // a user name holds no colon
+			do := func(method, path string, form url.Values, cookies []*http.Cookie) (*http.Response, string) {
+				t.Helper()
+				var body io.Reader
+				if form != nil {
+					body = strings.NewReader(form.Encode())
+				}
+				req, _ := http.NewRequest(method, base+path, body)
+				req.SetBasicAuth(user, "s3cret-pass")
+				if form != nil {
+					req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+				}
+				for _, c := range cookies {
+					req.AddCookie(c)
+				}
+				c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+				res, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = res.Body.Close() }()
+				b, _ := io.ReadAll(res.Body)
+				return res, string(b)
+			}
+			key := "k" + forged + "key="
+			res, body := do("GET", "/redrive?key="+url.QueryEscape(key), nil, nil)
+			m := tokenField.FindStringSubmatch(body)
+			if res.StatusCode != 200 || m == nil {
+				t.Fatalf("GET /redrive?key=... = %d\n%s", res.StatusCode, cut(body))
+			}
+			cookies := res.Cookies()
+			if res, body = do("POST", "/redrive", url.Values{"key": {key}, "csrf_token": {m[1]}}, cookies); res.StatusCode != http.StatusSeeOther {
+				t.Fatalf("POST /redrive = %d\n%s", res.StatusCode, cut(body))
+			}
+			// Dead again, then skipped with a hostile reason.
+			if n := deadCount(t, dbURL, table); n != 0 {
+				t.Fatalf("%d dead after the re-drive, want 0", n)
+			}
+			redead(t, dbURL, table)
+			if res, body = do("POST", "/skip", url.Values{"id": {"1"}, "reason": {"OPS-1" + forged + "reason="}, "csrf_token": {m[1]}}, cookies); res.StatusCode != http.StatusSeeOther {
+				t.Fatalf("POST /skip = %d\n%s", res.StatusCode, cut(body))
+			}
+			stop()
+			var audit []string
+			for _, l := range strings.Split(stderr.String(), "\n") {
+				if strings.Contains(l, "txoutbox console:") {
+					audit = append(audit, l)
+				}
+				if strings.Contains(l, "actor=alice") && !strings.Contains(l, "mallory") {
+					t.Errorf("a forged audit line: %q", l)
+				}
+			}
+			if len(audit) != 2 || !strings.Contains(audit[0], "re-drive") || !strings.Contains(audit[1], "skip") {
+				t.Fatalf("audit lines %q, want one re-drive and one skip\nstderr:\n%s", audit, stderr)
+			}
+			if c, bad := terminalUnsafe(stderr.String()); bad {
+				t.Errorf("stderr has %U raw", c)
+			}
+		})
+	}
+}
+
+// redead dead-letters record 1 again, through the storage.
+func redead(t *testing.T, dbURL, table string) {
+	t.Helper()
+	b, err := open(context.Background(), options{url: dbURL, table: table, hold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.close() }()
+	s, ok := b.op.(storage.Storage)
+	if !ok {
+		t.Fatalf("%T is not a storage.Storage", b.op)
+	}
+	ctx := context.Background()
+	recs, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 1, Lease: time.Minute, WorkerID: "w2"})
+	if err != nil || len(recs) != 1 || recs[0].ID != 1 {
+		t.Fatalf("claim = %v, %v; want record 1", recs, err)
+	}
+	if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: 1, WorkerID: "w2", Error: "again"}); err != nil {
+		t.Fatal(err)
+	}
+}
