@@ -52,12 +52,12 @@ func TestEscapeAndQuote(t *testing.T) {
 	}
 	for in, want := range map[string]string{
 		"plain key-1/ä€😀 with spaces": "plain key-1/ä€😀 with spaces",
-		"a\nb":                         `a\nb`,
-		"\x1b[31mred":                  `\x1b[31mred`,
-		"say \"hi\" \\ \t":             `say "hi" \ \t`,
-		"\u202e":                       `\u202e`,
-		"\xff":                         `\xff`,
-		"\ufffd replacement":           "\ufffd replacement",
+		"a\nb":                        `a\nb`,
+		"\x1b[31mred":                 `\x1b[31mred`,
+		"say \"hi\" \\ \t":            `say "hi" \ \t`,
+		"\u202e":                      `\u202e`,
+		"\xff":                        `\xff`,
+		"\ufffd replacement":          "\ufffd replacement",
 	} {
 		if got := Escape(in); got != want {
 			t.Errorf("Escape(%q) = %q, want %q", in, got, want)
