@@ -7,6 +7,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,14 +27,13 @@ type backend struct {
 
 // options are the flags every command shares.
 type options struct {
-	url              string
-	table            string
-	hold             bool
-	notifyChannel    string // PostgreSQL: the forwarders' Config.NotifyChannel
-	create           bool   // the command may create the database (migrate up)
-	skipSchemaCheck  bool   // the command works on an old schema (migrate, doctor)
-	jsonOut          bool
-	passwordRedactor *redactor
+	url             string
+	table           string
+	hold            bool
+	notifyChannel   string // PostgreSQL: the forwarders' Config.NotifyChannel
+	create          bool   // the command may create the database (migrate up)
+	skipSchemaCheck bool   // the command works on an old schema (migrate, doctor)
+	jsonOut         bool
 }
 
 // open opens the outbox table the URL names. The storage comes from the
@@ -91,14 +91,14 @@ func openSQLite(ctx context.Context, o options) (*backend, error) {
 	}
 	db, err := sqlite.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, redactErr(err)
 	}
 	s, err := sqlite.New(db, sqlite.Config{Table: o.table, HoldOnDeadLetter: o.hold})
 	if err != nil {
 		_ = db.Close()
 		return nil, usageError{err.Error()}
 	}
-	b := &backend{op: s, mig: s, diag: s, close: db.Close}
+	b := newBackend(s, db.Close)
 	if !o.skipSchemaCheck {
 		if err := checkSchema(ctx, b.mig); err != nil {
 			_ = db.Close()
@@ -113,7 +113,7 @@ func openSQLite(ctx context.Context, o options) (*backend, error) {
 func postgresStorage(ctx context.Context, o options) (*postgres.Storage, *pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(o.url)
 	if err != nil {
-		return nil, nil, usageError{fmt.Sprintf("database URL: %v", err)}
+		return nil, nil, usageError{fmt.Sprintf("database URL: %v", redactErr(err))}
 	}
 	cfg.MaxConns = 4
 	// The simple protocol (parameters interpolated by pgx, quoted): no
@@ -123,7 +123,7 @@ func postgresStorage(ctx context.Context, o options) (*postgres.Storage, *pgxpoo
 	cfg.ConnConfig.RuntimeParams["application_name"] = "txoutbox"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, redactErr(err)
 	}
 	s, err := postgres.New(pool, postgres.Config{Table: o.table, HoldOnDeadLetter: o.hold, NotifyChannel: o.notifyChannel})
 	if err != nil {
@@ -140,9 +140,9 @@ func openPostgres(ctx context.Context, o options) (*backend, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", redactErr(err))
 	}
-	b := &backend{op: s, mig: s, diag: s, close: func() error { pool.Close(); return nil }}
+	b := newBackend(s, func() error { pool.Close(); return nil })
 	if !o.skipSchemaCheck {
 		if err := checkSchema(ctx, b.mig); err != nil {
 			pool.Close()
@@ -164,77 +164,47 @@ func checkSchema(ctx context.Context, m storage.Migrator) error {
 	return nil
 }
 
-// redactor hides the password of the database URL, and of any URL or
-// password=... setting, in text the command writes.
-type redactor struct {
-	secrets []string
-}
-
+// redacted replaces a password.
 const redacted = "xxxxx"
 
 var (
-	urlPasswordRE = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@]*:)([^\s@/]*)@`)
-	kvPasswordRE  = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|[^\s&;]*)`)
+	// The password part of a URL (scheme://user:password@), up to the last
+	// @ before the next slash or space: a password may hold an unescaped @.
+	urlPasswordRE = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@]*:)([^\s/]*)@`)
+	// The MySQL driver's DSN: user:password@tcp(host:3306)/db.
+	dsnPasswordRE = regexp.MustCompile(`((?:^|[\s"'(\x60])[^\s:/@"'(\x60]*:)([^\s/]*)@((?:tcp|tcp4|tcp6|unix)\()`)
+	// password=... in a key/value connection string or a query string.
+	kvPasswordRE = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|[^\s&;]*)`)
 )
 
-func newRedactor(rawURL string) *redactor {
-	r := &redactor{}
-	if u, err := url.Parse(rawURL); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			r.secrets = append(r.secrets, p, url.QueryEscape(p), url.PathEscape(p))
-		}
-	}
-	if scheme, _, _ := strings.Cut(rawURL, ":"); strings.EqualFold(scheme, "mysql") {
-		if cfg, err := mysqlConfig(rawURL); err == nil && cfg.Passwd != "" {
-			r.secrets = append(r.secrets, cfg.Passwd, url.QueryEscape(cfg.Passwd), url.PathEscape(cfg.Passwd))
-		}
-	}
-	if u, err := url.Parse(rawURL); err == nil {
-		if p := u.Query().Get("password"); p != "" {
-			r.secrets = append(r.secrets, p, url.QueryEscape(p))
-		}
-	}
-	return r
-}
-
-// redact returns s with every password replaced by xxxxx.
-func (r *redactor) redact(s string) string {
+// redact hides the passwords of the URLs and DSNs in s: the password part
+// of any URL and of the MySQL driver's DSN form, and password=... settings.
+// It is for text from outside the command (errors of drivers and storages,
+// findings), where a URL or DSN can appear; the command's own text and the
+// records' data are never rewritten, so a password that is also a word
+// ("true", "dead", "postgres") changes nothing else.
+func redact(s string) string {
 	s = urlPasswordRE.ReplaceAllString(s, "${1}"+redacted+"@")
-	s = kvPasswordRE.ReplaceAllString(s, "${1}"+redacted)
-	if r != nil {
-		for _, secret := range r.secrets {
-			if len(secret) >= 3 { // a one- or two-letter password would blank out ordinary text
-				s = strings.ReplaceAll(s, secret, redacted)
-			}
-		}
-	}
-	return s
+	s = dsnPasswordRE.ReplaceAllString(s, "${1}"+redacted+"@${3}")
+	return kvPasswordRE.ReplaceAllString(s, "${1}"+redacted)
 }
 
-// redactingWriter redacts everything written through it. The command writes
-// whole lines or whole tables at a time, so a URL is never split between
-// two writes.
-type redactingWriter struct {
-	w interface{ Write([]byte) (int, error) }
-	r *redactor
+// redactedError is err with its text redacted; errors.Is and errors.As
+// still see the error it wraps (a usageError, a storage sentinel).
+type redactedError struct {
+	msg string
+	err error
 }
 
-func (w redactingWriter) Write(p []byte) (int, error) {
-	if _, err := w.w.Write([]byte(w.r.redact(string(p)))); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
+func (e redactedError) Error() string { return e.msg }
+func (e redactedError) Unwrap() error { return e.err }
 
-// displayURL is the URL as shown to the operator, without its password.
-func displayURL(raw string, r *redactor) string {
-	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), redacted)
-			return r.redact(u.String())
-		}
+// redactErr redacts the text of an error from outside the command.
+func redactErr(err error) error {
+	if err == nil {
+		return nil
 	}
-	return r.redact(raw)
+	return redactedError{redact(err.Error()), err}
 }
 
 // urlFindings are the doctor's checks of the URL alone, before connecting:
@@ -267,4 +237,72 @@ func urlFindings(raw string) []storage.Finding {
 		return []storage.Finding{{Check: "connection pooler", Severity: storage.SeverityOK, Message: "the URL does not look like a transaction-mode pooler"}}
 	}
 	return nil
+}
+
+// The storages behind a backend, with the text of their errors redacted.
+
+type redactingOperator struct{ storage.Operator }
+
+func (o redactingOperator) Stats(ctx context.Context) (storage.Stats, error) {
+	s, err := o.Operator.Stats(ctx)
+	return s, redactErr(err)
+}
+
+func (o redactingOperator) HeldKeys(ctx context.Context, p storage.HeldKeysParams) ([]storage.HeldKey, error) {
+	h, err := o.Operator.HeldKeys(ctx, p)
+	return h, redactErr(err)
+}
+
+func (o redactingOperator) ListDead(ctx context.Context, p storage.ListDeadParams) ([]storage.RecordInfo, error) {
+	r, err := o.Operator.ListDead(ctx, p)
+	return r, redactErr(err)
+}
+
+func (o redactingOperator) Record(ctx context.Context, id int64) (storage.RecordInfo, error) {
+	r, err := o.Operator.Record(ctx, id)
+	return r, redactErr(err)
+}
+
+func (o redactingOperator) Redrive(ctx context.Context, p storage.RedriveParams) (int64, error) {
+	n, err := o.Operator.Redrive(ctx, p)
+	return n, redactErr(err)
+}
+
+func (o redactingOperator) Skip(ctx context.Context, p storage.SkipParams) error {
+	return redactErr(o.Operator.Skip(ctx, p))
+}
+
+func (o redactingOperator) Purge(ctx context.Context, d time.Duration) (int64, error) {
+	n, err := o.Operator.Purge(ctx, d)
+	return n, redactErr(err)
+}
+
+type redactingMigrator struct{ storage.Migrator }
+
+func (m redactingMigrator) Migrate(ctx context.Context) error {
+	return redactErr(m.Migrator.Migrate(ctx))
+}
+
+func (m redactingMigrator) MigrationStatus(ctx context.Context) (storage.MigrationStatus, error) {
+	st, err := m.Migrator.MigrationStatus(ctx)
+	return st, redactErr(err)
+}
+
+type redactingDiagnoser struct{ storage.Diagnoser }
+
+func (d redactingDiagnoser) Diagnose(ctx context.Context) ([]storage.Finding, error) {
+	fs, err := d.Diagnoser.Diagnose(ctx)
+	for i := range fs {
+		fs[i].Message = redact(fs[i].Message)
+	}
+	return fs, redactErr(err)
+}
+
+// newBackend wraps the storage s, which implements what the command needs.
+func newBackend(s interface {
+	storage.Operator
+	storage.Migrator
+	storage.Diagnoser
+}, closeFn func() error) *backend {
+	return &backend{op: redactingOperator{s}, mig: redactingMigrator{s}, diag: redactingDiagnoser{s}, close: closeFn}
 }

@@ -34,7 +34,6 @@ type env struct {
 	opts        options
 	args        []string // positional arguments
 	fs          *flag.FlagSet
-	red         *redactor
 }
 
 // command is one subcommand.
@@ -58,7 +57,7 @@ func init() {
 	}
 }
 
-func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv func(string) string, red *redactor) error {
+func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv func(string) string) error {
 	if len(args) == 0 {
 		printUsage(errOut)
 		return usageError{"no command given"}
@@ -93,7 +92,7 @@ func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	}
 	rest := slices.Concat(lead, args[len(strings.Fields(c.name)):])
 
-	e := &env{out: out, errOut: errOut, red: red}
+	e := &env{out: out, errOut: errOut}
 	fs := flag.NewFlagSet("txoutbox "+c.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&e.opts.url, "database-url", getenv(envDatabaseURL), "database URL (default $"+envDatabaseURL+")")
@@ -131,7 +130,6 @@ func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 		return usageError{fmt.Sprintf("%s: %s is not UTF-8 text", c.name, notText)}
 	}
 	e.args, e.fs = pos, fs
-	e.opts.passwordRedactor = red
 	return c.run(ctx, e)
 }
 

@@ -18,7 +18,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/txoutbox/txoutbox/console"
-	"github.com/txoutbox/txoutbox/storage"
 )
 
 // envConsolePassword turns on HTTP basic auth for `txoutbox console`.
@@ -79,7 +78,7 @@ func runConsole(ctx context.Context, e *env) error {
 	if password != "" {
 		cfg.Authorize = console.AllowAll // behind basicAuth below
 	}
-	h, err := console.New(redactingOperator{b.op, e.red}, cfg, logger)
+	h, err := console.New(b.op, cfg, logger)
 	if err != nil {
 		return usageError{err.Error()}
 	}
@@ -230,60 +229,4 @@ func basicAuth(password string, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// redactingOperator hides the database password in the errors the console
-// shows and logs; errors.Is still sees the storage's sentinels.
-type redactingOperator struct {
-	storage.Operator
-	red *redactor
-}
-
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e redactedError) Error() string { return e.msg }
-func (e redactedError) Unwrap() error { return e.err }
-
-func (o redactingOperator) wrap(err error) error {
-	if err == nil {
-		return nil
-	}
-	return redactedError{o.red.redact(err.Error()), err}
-}
-
-func (o redactingOperator) Stats(ctx context.Context) (storage.Stats, error) {
-	s, err := o.Operator.Stats(ctx)
-	return s, o.wrap(err)
-}
-
-func (o redactingOperator) HeldKeys(ctx context.Context, p storage.HeldKeysParams) ([]storage.HeldKey, error) {
-	h, err := o.Operator.HeldKeys(ctx, p)
-	return h, o.wrap(err)
-}
-
-func (o redactingOperator) ListDead(ctx context.Context, p storage.ListDeadParams) ([]storage.RecordInfo, error) {
-	r, err := o.Operator.ListDead(ctx, p)
-	return r, o.wrap(err)
-}
-
-func (o redactingOperator) Record(ctx context.Context, id int64) (storage.RecordInfo, error) {
-	r, err := o.Operator.Record(ctx, id)
-	return r, o.wrap(err)
-}
-
-func (o redactingOperator) Redrive(ctx context.Context, p storage.RedriveParams) (int64, error) {
-	n, err := o.Operator.Redrive(ctx, p)
-	return n, o.wrap(err)
-}
-
-func (o redactingOperator) Skip(ctx context.Context, p storage.SkipParams) error {
-	return o.wrap(o.Operator.Skip(ctx, p))
-}
-
-func (o redactingOperator) Purge(ctx context.Context, d time.Duration) (int64, error) {
-	n, err := o.Operator.Purge(ctx, d)
-	return n, o.wrap(err)
 }

@@ -80,22 +80,12 @@ type notFoundError struct{ err error }
 func (e notFoundError) Error() string { return e.err.Error() }
 func (e notFoundError) Unwrap() error { return e.err }
 
-// run runs the command line args and returns the exit code. Everything it
-// writes to stdout and stderr goes through the redactor.
+// run runs the command line args and returns the exit code. The errors of
+// drivers and storages come redacted (redact): a password in a URL or DSN
+// never reaches stdout or stderr.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	dbURL := getenv(envDatabaseURL)
-	for i, a := range args { // the password must be known before anything is written
-		if v, ok := cutFlag(a, "database-url"); ok {
-			dbURL = v
-		} else if (a == "--database-url" || a == "-database-url") && i+1 < len(args) {
-			dbURL = args[i+1]
-		}
-	}
-	red := newRedactor(dbURL)
-	out := redactingWriter{stdout, red}
-	errOut := redactingWriter{stderr, red}
-
-	err := dispatch(ctx, args, out, errOut, getenv, red)
+	out, errOut := stdout, stderr
+	err := dispatch(ctx, args, out, errOut, getenv)
 	var (
 		ue usageError
 		ae attentionError

@@ -767,20 +767,20 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 
 func TestRedact(t *testing.T) {
 	t.Parallel()
-	r := newRedactor("postgres://u:p%40ss-word@h/db")
 	for in, want := range map[string]string{
 		"dial postgres://u:p%40ss-word@h/db: refused":       "dial postgres://u:xxxxx@h/db: refused",
-		"password authentication failed: p@ss-word":         "password authentication failed: xxxxx",
 		"conn string host=h password=hunter2 user=u":        "conn string host=h password=xxxxx user=u",
 		"mysql://root:toor@tcp(h:3306)/x and amqp://g:g@h/": "mysql://root:xxxxx@tcp(h:3306)/x and amqp://g:xxxxx@h/",
+		"dsn root:toor@tcp(h:3306)/x, (app:p@ss@unix(/s))":  "dsn root:xxxxx@tcp(h:3306)/x, (app:xxxxx@unix(/s))",
+		"postgres://u:p@ss@h/db?password=x&sslmode=require": "postgres://u:xxxxx@h/db?password=xxxxx&sslmode=require",
+		// Only URLs and DSNs: the words of a message stay, whatever the password.
+		"role postgres has what a forwarder needs; dead: true": "role postgres has what a forwarder needs; dead: true",
+		"password authentication failed for user \"u\"":        "password authentication failed for user \"u\"",
 		"no secrets here": "no secrets here",
 	} {
-		if got := r.redact(in); got != want {
+		if got := redact(in); got != want {
 			t.Errorf("redact(%q) = %q, want %q", in, got, want)
 		}
-	}
-	if got := displayURL("postgres://u:pw123@h/db", newRedactor("postgres://u:pw123@h/db")); got != "postgres://u:xxxxx@h/db" {
-		t.Errorf("displayURL = %q", got)
 	}
 }
 

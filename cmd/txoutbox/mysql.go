@@ -36,7 +36,7 @@ func mysqlConfig(raw string) (*drv.Config, error) {
 	if mysqlDSNForm.MatchString(rest) {
 		c, err := drv.ParseDSN(rest)
 		if err != nil {
-			return nil, usageError{fmt.Sprintf("mysql URL (driver DSN form): %v", err)}
+			return nil, usageError{fmt.Sprintf("mysql URL (driver DSN form): %v", redactErr(err))}
 		}
 		cfg = c
 	} else {
@@ -63,7 +63,7 @@ func mysqlConfig(raw string) (*drv.Config, error) {
 			// The query holds the driver's parameters: let the driver read them.
 			q, err := drv.ParseDSN("/?" + u.RawQuery)
 			if err != nil {
-				return nil, usageError{fmt.Sprintf("mysql URL parameters: %v", err)}
+				return nil, usageError{fmt.Sprintf("mysql URL parameters: %v", redactErr(err))}
 			}
 			q.User, q.Passwd, q.Net, q.Addr, q.DBName = c.User, c.Passwd, c.Net, c.Addr, c.DBName
 			c = q
@@ -86,7 +86,7 @@ func openMySQL(ctx context.Context, o options) (*backend, error) {
 	}
 	conn, err := drv.NewConnector(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("mysql URL: %w", err)
+		return nil, fmt.Errorf("mysql URL: %w", redactErr(err))
 	}
 	db := sql.OpenDB(conn)
 	db.SetMaxOpenConns(4)
@@ -99,9 +99,9 @@ func openMySQL(ctx context.Context, o options) (*backend, error) {
 	defer cancel()
 	if err := db.PingContext(pingCtx); err != nil {
 		_ = db.Close()
-		return nil, fmt.Errorf("connect to MySQL at %s (database %s): %w", cfg.Addr, cfg.DBName, err)
+		return nil, fmt.Errorf("connect to MySQL at %s (database %s): %w", cfg.Addr, cfg.DBName, redactErr(err))
 	}
-	b := &backend{op: s, mig: s, diag: s, close: db.Close}
+	b := newBackend(s, db.Close)
 	if !o.skipSchemaCheck {
 		if err := checkSchema(ctx, b.mig); err != nil {
 			_ = db.Close()
