@@ -182,6 +182,17 @@ type Migrator interface {
 	Migrations() []Migration
 }
 
+// MigrateReporter is implemented by Migrators that can say what one
+// Migrate call did. Of several processes migrating one database at once,
+// only the one that applied a step reports it; the txoutbox command says
+// so.
+type MigrateReporter interface {
+	// MigrateReport is Migrate, returning the versions of the steps this
+	// call applied, in order: none when the database was at the latest
+	// version already, or when another caller applied the steps first.
+	MigrateReport(ctx context.Context) (applied []int, err error)
+}
+
 // Migration is one numbered schema step.
 type Migration struct {
 	// Version numbers the step, from 1, without gaps.

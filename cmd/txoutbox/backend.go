@@ -18,11 +18,16 @@ import (
 )
 
 // backend is an opened outbox table with what the command needs of it.
+// The errors of its storage come redacted.
 type backend struct {
-	op    storage.Operator
-	mig   storage.Migrator
-	diag  storage.Diagnoser // nil when the storage has no checks
-	close func() error
+	op      storage.Operator
+	mig     storage.Migrator
+	migrate func(ctx context.Context) (applied []int, err error) // storage.MigrateReporter
+	diag    storage.Diagnoser
+	// tableExists reports whether the outbox table is there.
+	tableExists func(ctx context.Context) (bool, error)
+	table       string // as the storage names it in SQL
+	close       func() error
 }
 
 // options are the flags every command shares.
@@ -44,17 +49,31 @@ func open(ctx context.Context, o options) (*backend, error) {
 	if o.url == "" {
 		return nil, usageError{"no database URL: set --database-url or TXOUTBOX_DATABASE_URL"}
 	}
+	var (
+		b   *backend
+		err error
+	)
 	scheme, _, _ := strings.Cut(o.url, ":")
 	switch strings.ToLower(scheme) {
 	case "sqlite", "file":
-		return openSQLite(ctx, o)
+		b, err = openSQLite(ctx, o)
 	case "postgres", "postgresql":
-		return openPostgres(ctx, o)
+		b, err = openPostgres(ctx, o)
 	case "mysql":
-		return openMySQL(ctx, o)
+		b, err = openMySQL(ctx, o)
 	default:
 		return nil, usageError{fmt.Sprintf("database URL scheme %q: want sqlite:///path/to.db, file:path/to.db, postgres:// or mysql://", scheme)}
 	}
+	if err != nil {
+		return nil, err
+	}
+	if !o.skipSchemaCheck {
+		if err := checkSchema(ctx, b); err != nil {
+			_ = b.close()
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 // sqlitePath returns the file name of a sqlite:///path, sqlite:path or
@@ -99,11 +118,10 @@ func openSQLite(ctx context.Context, o options) (*backend, error) {
 		return nil, usageError{err.Error()}
 	}
 	b := newBackend(s, db.Close)
-	if !o.skipSchemaCheck {
-		if err := checkSchema(ctx, b.mig); err != nil {
-			_ = db.Close()
-			return nil, err
-		}
+	b.tableExists = func(ctx context.Context) (bool, error) {
+		var n int
+		err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, s.Table()).Scan(&n)
+		return n > 0, redactErr(err)
 	}
 	return b, nil
 }
@@ -115,6 +133,12 @@ func postgresStorage(ctx context.Context, o options) (*postgres.Storage, *pgxpoo
 	if err != nil {
 		return nil, nil, usageError{fmt.Sprintf("database URL: %v", redactErr(err))}
 	}
+	// pgbouncer=true is how Prisma, and many DATABASE_URLs after it, mark a
+	// transaction-mode pooler: no prepared statement may outlive its
+	// transaction. It is not a server setting (pgx would send it as one,
+	// and the server refuse it); the command's simple protocol below is
+	// what it asks for. doctor still reads it from the URL.
+	delete(cfg.ConnConfig.RuntimeParams, "pgbouncer")
 	cfg.MaxConns = 4
 	// The simple protocol (parameters interpolated by pgx, quoted): no
 	// prepared statement outlives its statement, so the command works
@@ -143,22 +167,34 @@ func openPostgres(ctx context.Context, o options) (*backend, error) {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", redactErr(err))
 	}
 	b := newBackend(s, func() error { pool.Close(); return nil })
-	if !o.skipSchemaCheck {
-		if err := checkSchema(ctx, b.mig); err != nil {
-			pool.Close()
-			return nil, err
-		}
+	b.tableExists = func(ctx context.Context) (bool, error) {
+		var ok bool
+		err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.Table()).Scan(&ok)
+		return ok, redactErr(err)
 	}
 	return b, nil
 }
 
-// checkSchema refuses to work on a table whose schema is not the latest.
-func checkSchema(ctx context.Context, m storage.Migrator) error {
-	st, err := m.MigrationStatus(ctx)
+// checkSchema refuses to work on a table that is not there, or whose
+// schema is not the one this build works with.
+func checkSchema(ctx context.Context, b *backend) error {
+	ok, err := b.tableExists(ctx)
 	if err != nil {
 		return err
 	}
-	if st.Current != st.Latest {
+	if !ok {
+		return fmt.Errorf("outbox table %s does not exist in this database: check --table (the default is outbox) and the database URL", b.table)
+	}
+	st, err := b.mig.MigrationStatus(ctx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case st.Current > st.Latest:
+		return fmt.Errorf("outbox schema is at version %d, newer than this build's %d: use the txoutbox release that migrated it, or a later one", st.Current, st.Latest)
+	case st.Current == 0:
+		return fmt.Errorf("outbox table %s has no schema version recorded (made by hand, or by a release before versioning): run `txoutbox migrate up` to record it and add what it lacks", b.table)
+	case st.Current < st.Latest:
 		return fmt.Errorf("outbox schema is at version %d, this build works with version %d: run `txoutbox migrate up` (or `txoutbox doctor`)", st.Current, st.Latest)
 	}
 	return nil
@@ -302,7 +338,13 @@ func (d redactingDiagnoser) Diagnose(ctx context.Context) ([]storage.Finding, er
 func newBackend(s interface {
 	storage.Operator
 	storage.Migrator
+	storage.MigrateReporter
 	storage.Diagnoser
+	Table() string
 }, closeFn func() error) *backend {
-	return &backend{op: redactingOperator{s}, mig: redactingMigrator{s}, diag: redactingDiagnoser{s}, close: closeFn}
+	return &backend{op: redactingOperator{s}, mig: redactingMigrator{s}, diag: redactingDiagnoser{s}, close: closeFn, table: s.Table(),
+		migrate: func(ctx context.Context) ([]int, error) {
+			applied, err := s.MigrateReport(ctx)
+			return applied, redactErr(err)
+		}}
 }

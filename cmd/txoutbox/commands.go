@@ -38,14 +38,15 @@ type env struct {
 
 // command is one subcommand.
 type command struct {
-	name     string // one or two words
-	args     string // positional arguments, for the usage line
-	summary  string
-	details  string
-	example  string
-	flags    func(fs *flag.FlagSet)
-	run      func(ctx context.Context, e *env) error
-	withHold bool // takes --hold-on-dead-letter
+	name       string // one or two words
+	args       string // positional arguments, for the usage line
+	summary    string
+	details    string
+	example    string
+	flags      func(fs *flag.FlagSet)
+	run        func(ctx context.Context, e *env) error
+	withHold   bool // takes --hold-on-dead-letter
+	withNotify bool // takes --notify-channel (PostgreSQL's trigger)
 }
 
 var commands []*command
@@ -69,9 +70,26 @@ func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 				printCommandHelp(out, c)
 				return errHelp
 			}
+			if group(args[1]) != nil {
+				printGroupUsage(out, args[1])
+				return errHelp
+			}
 		}
 		printUsage(out)
 		return errHelp
+	}
+	// A word that groups commands (migrate, dead): alone or with --help,
+	// it lists them.
+	if group(args[0]) != nil && findCommand(args) == nil {
+		if len(args) > 1 && isHelpFlag(args[1]) {
+			printGroupUsage(out, args[0])
+			return errHelp
+		}
+		printGroupUsage(errOut, args[0])
+		if len(args) == 1 {
+			return usageError{fmt.Sprintf("%s: give one of its commands", args[0])}
+		}
+		return usageError{fmt.Sprintf("unknown command %q", strings.Join(args[:2], " "))}
 	}
 	// Shared flags may come before the command: move them after it.
 	var lead []string
@@ -95,16 +113,7 @@ func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	e := &env{out: out, errOut: errOut}
 	fs := flag.NewFlagSet("txoutbox "+c.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&e.opts.url, "database-url", getenv(envDatabaseURL), "database URL (default $"+envDatabaseURL+")")
-	fs.StringVar(&e.opts.table, "table", sqlite.TableDefault, "outbox table name")
-	fs.StringVar(&e.opts.notifyChannel, "notify-channel", "", notifyChannelUsage)
-	fs.BoolVar(&e.opts.jsonOut, "json", false, "write JSON for scripts instead of aligned text")
-	if c.withHold {
-		fs.BoolVar(&e.opts.hold, "hold-on-dead-letter", false, "the forwarders run with HoldOnDeadLetter: a dead record holds back its key")
-	}
-	if c.flags != nil {
-		c.flags(fs)
-	}
+	sharedFlags(fs, c, &e.opts, getenv(envDatabaseURL))
 	pos, err := parseInterspersed(fs, rest)
 	if errors.Is(err, flag.ErrHelp) {
 		printCommandHelp(out, c)
@@ -131,6 +140,54 @@ func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	}
 	e.args, e.fs = pos, fs
 	return c.run(ctx, e)
+}
+
+// sharedFlags defines on fs the flags of c that every command, or a few,
+// take, then c's own: only those that do something for c.
+func sharedFlags(fs *flag.FlagSet, c *command, o *options, defaultURL string) {
+	urlUsage := "database URL (default $" + envDatabaseURL + ")"
+	if c.name == "migrate sql" {
+		urlUsage = "database URL, of which only the scheme is read: sqlite:, postgres: or mysql: (default $" + envDatabaseURL + ")"
+	}
+	fs.StringVar(&o.url, "database-url", defaultURL, urlUsage)
+	fs.StringVar(&o.table, "table", sqlite.TableDefault, "outbox table name")
+	if c.withNotify {
+		fs.StringVar(&o.notifyChannel, "notify-channel", "", notifyChannelUsage)
+	}
+	fs.BoolVar(&o.jsonOut, "json", false, "write JSON for scripts instead of aligned text")
+	if c.withHold {
+		fs.BoolVar(&o.hold, "hold-on-dead-letter", false, "the forwarders run with HoldOnDeadLetter: a dead record holds back its key")
+	}
+	if c.flags != nil {
+		c.flags(fs)
+	}
+}
+
+// group returns the commands whose first word is word, when they are more
+// than one word long (migrate up, migrate status, ...).
+func group(word string) []*command {
+	var out []*command
+	for _, c := range commands {
+		if first, _, ok := strings.Cut(c.name, " "); ok && first == word {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func isHelpFlag(a string) bool {
+	return a == "-h" || a == "-help" || a == "--help" || a == "help"
+}
+
+// printGroupUsage lists the commands of a group.
+func printGroupUsage(w io.Writer, word string) {
+	fmt.Fprintf(w, "Usage: txoutbox %s <command> [flags]\n\nCommands:\n", word)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, c := range group(word) {
+		fmt.Fprintf(tw, "  %s %s\t%s\n", c.name, c.args, c.summary)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\n'txoutbox %s <command> --help' shows a command's flags and an example.\n", word)
 }
 
 func findCommand(args []string) *command {
@@ -199,16 +256,7 @@ func printCommandHelp(w io.Writer, c *command) {
 	}
 	fmt.Fprintf(w, "\nExample:\n  %s\n\nFlags:\n", c.example)
 	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
-	fs.String("database-url", "", "database URL (default $"+envDatabaseURL+")")
-	fs.String("table", sqlite.TableDefault, "outbox table name")
-	fs.String("notify-channel", "", notifyChannelUsage)
-	fs.Bool("json", false, "write JSON for scripts instead of aligned text")
-	if c.withHold {
-		fs.Bool("hold-on-dead-letter", false, "the forwarders run with HoldOnDeadLetter: a dead record holds back its key")
-	}
-	if c.flags != nil {
-		c.flags(fs)
-	}
+	sharedFlags(fs, c, &options{}, "")
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 }
@@ -240,8 +288,13 @@ func (e *env) open(ctx context.Context) (*backend, error) {
 var cmdMigrateUp = &command{
 	name:    "migrate up",
 	summary: "bring the schema to the latest version (creates the table and, for SQLite, the file)",
-	details: "Applies the missing steps in one transaction under the database's write lock, so\nconcurrent runs are safe; records are never touched.",
-	example: "txoutbox migrate up --database-url sqlite:///var/lib/app/app.db",
+	details: "Applies the missing steps under a lock, so concurrent runs are safe: one applies them,\n" +
+		"the others wait and find them applied, and each says which it was. Records are never\n" +
+		"touched. A table made by hand from `migrate sql` or SchemaSQL is recorded at the version\n" +
+		"its SQL made; one made without the version table is adopted at the latest step whose\n" +
+		"tables, columns and indexes are all there.",
+	example:    "txoutbox migrate up --database-url sqlite:///var/lib/app/app.db",
+	withNotify: true,
 	run: func(ctx context.Context, e *env) error {
 		e.opts.create, e.opts.skipSchemaCheck = true, true
 		b, err := e.open(ctx)
@@ -253,18 +306,34 @@ var cmdMigrateUp = &command{
 		if err != nil {
 			return err
 		}
-		if err := b.mig.Migrate(ctx); err != nil {
+		applied, err := b.migrate(ctx)
+		if err != nil {
 			return err
 		}
 		after, err := b.mig.MigrationStatus(ctx)
 		if err != nil {
 			return err
 		}
-		return e.emit(map[string]int{"from_version": before.Current, "to_version": after.Current}, func(w io.Writer) {
-			if before.Current == after.Current {
+		names := map[int]string{}
+		for _, m := range b.mig.Migrations() {
+			names[m.Version] = m.Name
+		}
+		return e.emit(struct {
+			From    int   `json:"from_version"`
+			To      int   `json:"to_version"`
+			Applied []int `json:"applied"`
+		}{before.Current, after.Current, append([]int{}, applied...)}, func(w io.Writer) {
+			switch {
+			case len(applied) > 0:
+				steps := make([]string, len(applied))
+				for i, v := range applied {
+					steps[i] = fmt.Sprintf("%d %s", v, names[v])
+				}
+				fmt.Fprintf(w, "schema migrated from version %d to %d: this run applied %s\n", applied[0]-1, after.Current, strings.Join(steps, ", "))
+			case before.Current != after.Current:
+				fmt.Fprintf(w, "schema at version %d, the latest: another run applied the steps from version %d meanwhile\n", after.Current, before.Current)
+			default:
 				fmt.Fprintf(w, "schema already at version %d, the latest\n", after.Current)
-			} else {
-				fmt.Fprintf(w, "schema migrated from version %d to %d\n", before.Current, after.Current)
 			}
 		})
 	},
@@ -272,7 +341,7 @@ var cmdMigrateUp = &command{
 
 var cmdMigrateStatus = &command{
 	name:    "migrate status",
-	summary: "show the schema version, the latest one and the steps applied (exit 3 when behind)",
+	summary: "show the schema version, the latest one and the steps applied (exit 3 when behind, 1 when newer)",
 	example: "txoutbox migrate status --json",
 	run: func(ctx context.Context, e *env) error {
 		e.opts.skipSchemaCheck = true
@@ -307,18 +376,34 @@ var cmdMigrateStatus = &command{
 				}
 			}
 		})
-		if err == nil && st.Current < st.Latest {
+		if err != nil {
+			return err
+		}
+		switch {
+		case st.Current > st.Latest:
+			return fmt.Errorf("the schema is at version %d, newer than this build's %d: use the txoutbox release that migrated it, or a later one", st.Current, st.Latest)
+		case st.Current == 0:
+			ok, err := b.tableExists(ctx)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return attentionError{fmt.Sprintf("outbox table %s does not exist: check --table and the database URL, or run `txoutbox migrate up` to create it", b.table)}
+			}
+			return attentionError{fmt.Sprintf("outbox table %s has no schema version recorded: run `txoutbox migrate up` to record it and add what it lacks", b.table)}
+		case st.Current < st.Latest:
 			return attentionError{fmt.Sprintf("%d migration step(s) not applied: run `txoutbox migrate up`", st.Latest-st.Current)}
 		}
-		return err
+		return nil
 	},
 }
 
 var cmdMigrateSQL = &command{
-	name:    "migrate sql",
-	summary: "print the migration steps' SQL, or write them as files for golang-migrate, goose or Atlas",
-	details: "Needs only the URL's scheme (sqlite: or mysql: is enough); the database is not opened.\nWith --dir, writes NNN_name.up.sql and NNN_name.down.sql (golang-migrate, which\nAtlas imports) or NNN_name.sql with goose annotations.",
-	example: "txoutbox migrate sql --database-url sqlite: --table outbox --dir db/migrations --format goose",
+	name:       "migrate sql",
+	summary:    "print the migration steps' SQL, or write them as files for golang-migrate, goose or Atlas",
+	details:    "Needs only the URL's scheme (sqlite: or mysql: is enough); the database is not opened.\nWith --dir, writes NNN_name.up.sql and NNN_name.down.sql (golang-migrate, which\nAtlas imports) or NNN_name.sql with goose annotations.",
+	example:    "txoutbox migrate sql --database-url sqlite: --table outbox --dir db/migrations --format goose",
+	withNotify: true,
 	flags: func(fs *flag.FlagSet) {
 		fs.Bool("down", false, "print the down steps, latest first, instead of the up steps")
 		fs.String("dir", "", "write one file per step into this directory instead of printing")
@@ -814,15 +899,18 @@ var cmdPurge = &command{
 // ---- doctor ----
 
 var cmdDoctor = &command{
-	name:    "doctor",
-	summary: "check the schema version and drift, indexes, settings, and the URL (exit 3 on a problem)",
-	details: "Drift: a table, column or index the migrations make that is missing, or an index\ndefined otherwise (found and expected are shown). SQLite: schema version, drift, WAL\njournal mode, busy timeout. PostgreSQL: schema version, drift, the notify trigger (of\n--notify-channel), the privileges a forwarder needs, and whether LISTEN works: a round\ntrip of a notification, which a transaction-mode pooler (PgBouncer, Supavisor) drops;\nthe URL is also checked for the usual pooler hosts and ports. MySQL: schema version,\ndrift, privileges, server version, binary log format.",
-	example: "txoutbox doctor --json",
+	name:       "doctor",
+	summary:    "check the schema version and drift, indexes, settings, and the URL (exit 3 on a problem)",
+	details:    "Drift: a table, column or index the migrations make that is missing, or an index\ndefined otherwise (found and expected are shown). SQLite: schema version, drift, WAL\njournal mode, busy timeout. PostgreSQL: schema version, drift, the notify trigger (of\n--notify-channel), the privileges a forwarder needs, and whether LISTEN works: a round\ntrip of a notification, which a transaction-mode pooler (PgBouncer, Supavisor) drops;\nthe URL is also checked for the usual pooler hosts and ports. MySQL: schema version,\ndrift, privileges, server version, binary log format.",
+	example:    "txoutbox doctor --json",
+	withNotify: true,
 	run: func(ctx context.Context, e *env) error {
 		findings := urlFindings(e.opts.url)
 		e.opts.skipSchemaCheck = true
 		b, err := e.open(ctx)
-		if err == nil {
+		if err != nil {
+			findings = append(findings, storage.Finding{Check: "connection", Severity: storage.SeverityProblem, Message: err.Error()})
+		} else {
 			defer func() { _ = b.close() }()
 			if b.diag != nil {
 				more, derr := b.diag.Diagnose(ctx)

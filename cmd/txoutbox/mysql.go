@@ -102,11 +102,16 @@ func openMySQL(ctx context.Context, o options) (*backend, error) {
 		return nil, fmt.Errorf("connect to MySQL at %s (database %s): %w", cfg.Addr, cfg.DBName, redactErr(err))
 	}
 	b := newBackend(s, db.Close)
-	if !o.skipSchemaCheck {
-		if err := checkSchema(ctx, b.mig); err != nil {
-			_ = db.Close()
-			return nil, err
+	b.tableExists = func(ctx context.Context) (bool, error) {
+		rows, err := db.QueryContext(ctx, "SELECT 1 FROM "+s.Table()+" LIMIT 0")
+		var me *drv.MySQLError
+		if errors.As(err, &me) && me.Number == 1146 { // ER_NO_SUCH_TABLE
+			return false, nil
 		}
+		if err != nil {
+			return false, redactErr(err)
+		}
+		return true, rows.Close()
 	}
 	return b, nil
 }

@@ -257,7 +257,7 @@ func redead(t *testing.T, dbURL, table string) {
 		t.Fatal(err)
 	}
 	defer func() { _ = b.close() }()
-	s, ok := b.op.(storage.Storage)
+	s, ok := b.op.(redactingOperator).Operator.(storage.Storage)
 	if !ok {
 		t.Fatalf("%T is not a storage.Storage", b.op)
 	}

@@ -110,28 +110,42 @@ func (s *Storage) CreateSchema(ctx context.Context) error { return s.Migrate(ctx
 // left behind) is made again. The steps only add tables, so rows, their ids
 // and their order are untouched.
 func (s *Storage) Migrate(ctx context.Context) error {
-	if err := s.migrateTo(ctx, LatestVersion()); err != nil {
-		return fmt.Errorf("migrate outbox schema %s: %w", s.table, err)
+	_, err := s.MigrateReport(ctx)
+	return err
+}
+
+// MigrateReport implements [storage.MigrateReporter]: it is
+// [Storage.Migrate], returning the versions of the steps this call applied.
+func (s *Storage) MigrateReport(ctx context.Context) ([]int, error) {
+	applied, err := s.migrateSteps(ctx, LatestVersion())
+	if err != nil {
+		return nil, fmt.Errorf("migrate outbox schema %s: %w", s.table, err)
 	}
-	return nil
+	return applied, nil
 }
 
 // migrateTo applies the steps up to version target (tests start from older
 // versions with it).
 func (s *Storage) migrateTo(ctx context.Context, target int) error {
+	_, err := s.migrateSteps(ctx, target)
+	return err
+}
+
+// migrateSteps is migrateTo, returning the versions it applied.
+func (s *Storage) migrateSteps(ctx context.Context, target int) (applied []int, err error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() { _ = conn.Close() }()
 	lock := "txoutbox schema " + s.name
 	var got sql.NullInt64
 	// GET_LOCK is held by the session: take and release it on one connection.
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, SchemaLockTimeout).Scan(&got); err != nil {
-		return fmt.Errorf("lock: %w", err)
+		return nil, fmt.Errorf("lock: %w", err)
 	}
 	if got.Int64 != 1 {
-		return fmt.Errorf("another process held the schema lock %q for %ds", lock, SchemaLockTimeout)
+		return nil, fmt.Errorf("another process held the schema lock %q for %ds", lock, SchemaLockTimeout)
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", lock) //nolint:errcheck // the lock also ends with the session
 	vt := s.MigrationTable()
@@ -141,15 +155,15 @@ func (s *Storage) migrateTo(ctx context.Context, target int) error {
     applied_at DATETIME(6)  NOT NULL,
     PRIMARY KEY (version)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`); err != nil {
-		return fmt.Errorf("create %s: %w", vt, err)
+		return nil, fmt.Errorf("create %s: %w", vt, err)
 	}
 	var current int
 	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM "+vt).Scan(&current); err != nil {
-		return fmt.Errorf("read %s: %w", vt, err)
+		return nil, fmt.Errorf("read %s: %w", vt, err)
 	}
 	steps := loadSteps()
 	if current > len(steps) {
-		return fmt.Errorf("database schema is at version %d, newer than this code's %d: upgrade txoutbox", current, len(steps))
+		return nil, fmt.Errorf("database schema is at version %d, newer than this code's %d: upgrade txoutbox", current, len(steps))
 	}
 	// A version table left behind by a dropped outbox table (tests and
 	// resets often drop the table alone): the applied steps run again; each
@@ -158,23 +172,24 @@ func (s *Storage) migrateTo(ctx context.Context, target int) error {
 		if _, err := conn.ExecContext(ctx, "SELECT 1 FROM "+s.table+" LIMIT 0"); isNoSuchTable(err) {
 			for _, st := range steps[:current] {
 				if _, err := conn.ExecContext(ctx, s.render(st.Up)); err != nil {
-					return fmt.Errorf("step %d (%s) again, the outbox table being gone: %w", st.Version, st.Name, err)
+					return nil, fmt.Errorf("step %d (%s) again, the outbox table being gone: %w", st.Version, st.Name, err)
 				}
 			}
 		} else if err != nil {
-			return fmt.Errorf("check %s: %w", s.table, err)
+			return nil, fmt.Errorf("check %s: %w", s.table, err)
 		}
 	}
 	for _, st := range steps[current:min(target, len(steps))] {
 		if _, err := conn.ExecContext(ctx, s.render(st.Up)); err != nil {
-			return fmt.Errorf("step %d (%s): %w", st.Version, st.Name, err)
+			return nil, fmt.Errorf("step %d (%s): %w", st.Version, st.Name, err)
 		}
 		if _, err := conn.ExecContext(ctx, "INSERT INTO "+vt+" (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
 			st.Version, st.Name); err != nil {
-			return fmt.Errorf("record step %d in %s: %w", st.Version, vt, err)
+			return nil, fmt.Errorf("record step %d in %s: %w", st.Version, vt, err)
 		}
+		applied = append(applied, st.Version)
 	}
-	return nil
+	return applied, nil
 }
 
 // MigrationStatus implements [storage.Migrator]. A database without the

@@ -183,6 +183,13 @@ func (s *Storage) CreateSchema(ctx context.Context) error { return s.Migrate(ctx
 // CONCURRENTLY under the name [Storage.Migrations] shows, and Migrate then
 // finds it and only records the step.
 func (s *Storage) Migrate(ctx context.Context) error {
+	_, err := s.MigrateReport(ctx)
+	return err
+}
+
+// MigrateReport implements [storage.MigrateReporter]: it is
+// [Storage.Migrate], returning the versions of the steps this call applied.
+func (s *Storage) MigrateReport(ctx context.Context) (applied []int, err error) {
 	steps := loadSteps()
 	upToDate := fmt.Sprintf(`SELECT (SELECT max(version) FROM %s) IS NOT DISTINCT FROM %d AND %s`,
 		s.MigrationTable(), len(steps), s.triggerOK())
@@ -190,21 +197,21 @@ func (s *Storage) Migrate(ctx context.Context) error {
 	// exists (a query naming a missing table fails to plan).
 	var exists bool
 	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.MigrationTable()).Scan(&exists); err != nil {
-		return fmt.Errorf("migrate outbox schema %s: read the catalog: %w", s.table, err)
+		return nil, fmt.Errorf("migrate outbox schema %s: read the catalog: %w", s.table, err)
 	}
 	if exists {
 		var ok bool
 		if err := s.pool.QueryRow(ctx, upToDate).Scan(&ok); err != nil {
-			return fmt.Errorf("migrate outbox schema %s: read the version: %w", s.table, err)
+			return nil, fmt.Errorf("migrate outbox schema %s: read the version: %w", s.table, err)
 		}
 		if ok {
-			return nil
+			return nil, nil
 		}
 	}
 
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("migrate outbox schema %s: %w", s.table, err)
+		return nil, fmt.Errorf("migrate outbox schema %s: %w", s.table, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	fail := func(what string, err error) error {
@@ -215,47 +222,48 @@ func (s *Storage) Migrate(ctx context.Context) error {
 		return fmt.Errorf("migrate outbox schema %s: %s: %w", s.table, what, err)
 	}
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", SchemaLockTimeout.Milliseconds())); err != nil {
-		return fail("set lock_timeout", err)
+		return nil, fail("set lock_timeout", err)
 	}
 	if err := s.lockSchema(ctx, tx); err != nil {
-		return fail("advisory lock", err)
+		return nil, fail("advisory lock", err)
 	}
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
     version    INTEGER     PRIMARY KEY,
     name       TEXT        NOT NULL,
     applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
 )`, s.MigrationTable())); err != nil {
-		return fail("create the version table", err)
+		return nil, fail("create the version table", err)
 	}
 	var current int
 	if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT COALESCE(max(version), 0) FROM %s`, s.MigrationTable())).Scan(&current); err != nil {
-		return fail("read the version", err)
+		return nil, fail("read the version", err)
 	}
 	if current > len(steps) {
-		return fmt.Errorf("migrate outbox schema %s: the database is at version %d, newer than this code's %d: upgrade txoutbox", s.table, current, len(steps))
+		return nil, fmt.Errorf("migrate outbox schema %s: the database is at version %d, newer than this code's %d: upgrade txoutbox", s.table, current, len(steps))
 	}
 	for _, st := range steps[current:] {
 		objs := s.creates(st)
 		present := false
 		if len(objs) > 0 {
 			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT %s`, notNull(objs))).Scan(&present); err != nil {
-				return fail(fmt.Sprintf("step %d (%s): read the catalog", st.Version, st.Name), err)
+				return nil, fail(fmt.Sprintf("step %d (%s): read the catalog", st.Version, st.Name), err)
 			}
 		}
 		if !present {
 			// Simple protocol: a step is several statements.
 			if _, err := tx.Exec(ctx, s.render(st.Up), pgx.QueryExecModeSimpleProtocol); err != nil {
-				return fail(fmt.Sprintf("step %d (%s)", st.Version, st.Name), err)
+				return nil, fail(fmt.Sprintf("step %d (%s)", st.Version, st.Name), err)
 			}
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (version, name) VALUES ($1, $2)`, s.MigrationTable()), st.Version, st.Name); err != nil {
-			return fail(fmt.Sprintf("record step %d", st.Version), err)
+			return nil, fail(fmt.Sprintf("record step %d", st.Version), err)
 		}
+		applied = append(applied, st.Version)
 	}
 	if s.config.NotifyChannel != "" {
 		var ok bool
 		if err := tx.QueryRow(ctx, `SELECT `+s.triggerOK()).Scan(&ok); err != nil {
-			return fail("read the notify trigger", err)
+			return nil, fail("read the notify trigger", err)
 		}
 		// Only when missing (or notifying another channel): creating a
 		// trigger locks the outbox table (SHARE ROW EXCLUSIVE), which at
@@ -263,14 +271,14 @@ func (s *Storage) Migrate(ctx context.Context) error {
 		// concurrent CREATE INDEX, deadlocked.
 		if !ok {
 			if _, err := tx.Exec(ctx, s.TriggerSQL(), pgx.QueryExecModeSimpleProtocol); err != nil {
-				return fail("create the notify trigger", err)
+				return nil, fail("create the notify trigger", err)
 			}
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fail("commit", err)
+		return nil, fail("commit", err)
 	}
-	return nil
+	return applied, nil
 }
 
 // notNull is a SQL condition true when every named relation exists.

@@ -87,7 +87,16 @@ func (s *Storage) CreateSchema(ctx context.Context) error { return s.Migrate(ctx
 // them applied. The steps only add tables and indexes, so records, their ids
 // and their order are untouched.
 func (s *Storage) Migrate(ctx context.Context) error {
+	_, err := s.MigrateReport(ctx)
+	return err
+}
+
+// MigrateReport implements [storage.MigrateReporter]: it is
+// [Storage.Migrate], returning the versions of the steps this call applied.
+func (s *Storage) MigrateReport(ctx context.Context) ([]int, error) {
+	var applied []int
 	err := s.write(ctx, func(ctx context.Context) error {
+		applied = nil // write may retry
 		conn, err := s.db.Conn(ctx)
 		if err != nil {
 			return err
@@ -126,6 +135,7 @@ func (s *Storage) Migrate(ctx context.Context) error {
 				st.Version, st.Name, nanos(s.now())); err != nil {
 				return err
 			}
+			applied = append(applied, st.Version)
 		}
 		if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
 			return err
@@ -134,9 +144,9 @@ func (s *Storage) Migrate(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("migrate outbox schema %q: %w", s.table, err)
+		return nil, fmt.Errorf("migrate outbox schema %q: %w", s.table, err)
 	}
-	return nil
+	return applied, nil
 }
 
 // MigrationStatus implements [storage.Migrator].
