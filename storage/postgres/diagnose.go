@@ -195,6 +195,7 @@ type pgColumn struct{ name, typ string }
 type pgIndex struct {
 	table string
 	def   string // as a DBA reads it: "btree (key, id) WHERE status = 'dead'::text"
+	valid bool   // false: left by a CREATE INDEX CONCURRENTLY that failed (or runs)
 }
 
 // drift compares the catalog of the outbox tables with the one the
@@ -251,6 +252,8 @@ func (s *Storage) drift(ctx context.Context) (storage.Finding, error) {
 			problems = append(problems, fmt.Sprintf("index %s is missing (expected %q on %s)", name, w.def, w.table))
 		case g.table != w.table:
 			problems = append(problems, fmt.Sprintf("index %s differs: found %q on %s, expected %q on %s", name, g.def, g.table, w.def, w.table))
+		case !g.valid:
+			problems = append(problems, fmt.Sprintf("index %s is not valid (a CREATE INDEX CONCURRENTLY that failed, or is still running): queries do not use it, every write updates it; drop it and build it again", name))
 		case g.def != w.def:
 			problems = append(problems, fmt.Sprintf("index %s differs: found %q, expected %q", name, g.def, w.def))
 		}
@@ -310,7 +313,7 @@ FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
 WHERE c.relnamespace = ` + nsp + ` AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
     AND ($1::text[] IS NULL OR c.relname = ANY($1::text[]))
 ORDER BY c.relname, a.attnum`
-	indexesSQL := `SELECT t.relname::text, c.relname::text, pg_get_indexdef(i.indexrelid, 0, true)
+	indexesSQL := `SELECT t.relname::text, c.relname::text, pg_get_indexdef(i.indexrelid, 0, true), i.indisvalid AND i.indisready
 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
 WHERE t.relnamespace = ` + nsp + ` AND t.relkind IN ('r', 'p') AND ($1::text[] IS NULL OR t.relname = ANY($1::text[]))`
 	rows, err := q.Query(ctx, columnsSQL, names) //nolint:rowserrcheck // pgx.ForEachRow closes rows and returns rows.Err()
@@ -332,8 +335,9 @@ WHERE t.relnamespace = ` + nsp + ` AND t.relkind IN ('r', 'p') AND ($1::text[] I
 	if err != nil {
 		return c, err
 	}
-	_, err = pgx.ForEachRow(rows, []any{&table, &name, &def}, func() error {
-		c.indexes[name] = pgIndex{table, indexDef(def)}
+	var valid bool
+	_, err = pgx.ForEachRow(rows, []any{&table, &name, &def, &valid}, func() error {
+		c.indexes[name] = pgIndex{table, indexDef(def), valid}
 		return nil
 	})
 	return c, err

@@ -64,24 +64,34 @@ func (s *Storage) render(text string) string {
 	})
 }
 
-var createsRE = regexp.MustCompile(`CREATE (?:TABLE|INDEX) IF NOT EXISTS \{(table|rel:[a-z_]+|name:[a-z_]+)\}`)
+var (
+	createsRE    = regexp.MustCompile(`CREATE (?:TABLE|INDEX) IF NOT EXISTS \{(table|rel:[a-z_]+|name:[a-z_]+)\}`)
+	addsColumnRE = regexp.MustCompile(`ALTER TABLE \{table\} ADD COLUMN IF NOT EXISTS ([a-z_]+)`)
+	// createIndexRE is one CREATE INDEX statement of a step, up to its
+	// semicolon (an index definition holds none).
+	createIndexRE = regexp.MustCompile(`CREATE INDEX IF NOT EXISTS \{name:([a-z_]+)\} ON [^;]*;`)
+)
 
-// creates lists, as SQL string literals for to_regclass, the tables and
-// indexes a step creates.
-func (s *Storage) creates(st migfiles.Step) []string {
-	var out []string
+// present is a SQL condition, true when every table, index and column the
+// step creates is there; "" when the step creates nothing Migrate can look
+// for. Only a table made without the version table is judged by it.
+func (s *Storage) present(st migfiles.Step) string {
+	var conds []string
 	for _, m := range createsRE.FindAllStringSubmatch(st.Up, -1) {
-		p := m[1]
-		switch {
-		case p == "table":
-			out = append(out, lit(s.table))
+		rel := s.table
+		switch p := m[1]; {
 		case strings.HasPrefix(p, "rel:"):
-			out = append(out, lit(siblingName(s.ident, p[4:])))
-		default:
-			out = append(out, lit(siblingName(s.ident, p[5:])))
+			rel = siblingName(s.ident, p[4:])
+		case strings.HasPrefix(p, "name:"):
+			rel = siblingName(s.ident, p[5:])
 		}
+		conds = append(conds, fmt.Sprintf("to_regclass(%s) IS NOT NULL", lit(rel)))
 	}
-	return out
+	for _, m := range addsColumnRE.FindAllStringSubmatch(st.Up, -1) {
+		conds = append(conds, fmt.Sprintf("EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s AND NOT attisdropped)",
+			lit(s.table), lit(m[1])))
+	}
+	return strings.Join(conds, " AND ")
 }
 
 func lit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
@@ -91,13 +101,37 @@ func lit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" 
 // up step is idempotent (IF NOT EXISTS). The notify trigger is not a step:
 // it depends on [Config.NotifyChannel], not on a version (see
 // [Storage.TriggerSQL]).
+//
+// Each step ends by recording itself in [Storage.MigrationTable] (creating
+// it when missing), and each down step by deleting its row, so that a
+// schema made from this SQL by another tool, or by hand, is at the version
+// it represents for Migrate, MigrationStatus and the txoutbox command.
 func (s *Storage) Migrations() []storage.Migration {
 	steps := loadSteps()
 	out := make([]storage.Migration, len(steps))
 	for i, st := range steps {
-		out[i] = storage.Migration{Version: st.Version, Name: st.Name, Up: s.render(st.Up), Down: s.render(st.Down)}
+		m := storage.Migration{Version: st.Version, Name: st.Name, Up: s.render(st.Up) + s.recordSQL(st)}
+		if st.Down != "" {
+			m.Down = s.render(st.Down) + fmt.Sprintf("\nDELETE FROM %s WHERE version = %d;\n", s.MigrationTable(), st.Version)
+		}
+		out[i] = m
 	}
 	return out
+}
+
+// versionTableSQL creates the version table.
+func (s *Storage) versionTableSQL() string {
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+    version    INTEGER     PRIMARY KEY,
+    name       TEXT        NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)`, s.MigrationTable())
+}
+
+// recordSQL records step st in the version table, as Migrate does.
+func (s *Storage) recordSQL(st migfiles.Step) string {
+	return fmt.Sprintf("\n-- Recorded in the version table, as Migrate records it.\n%s;\nINSERT INTO %s (version, name) VALUES (%d, %s) ON CONFLICT (version) DO NOTHING;\n",
+		s.versionTableSQL(), s.MigrationTable(), st.Version, lit(st.Name))
 }
 
 // TriggerSQL returns the DDL of the notify trigger for [Config.NotifyChannel]
@@ -137,12 +171,14 @@ func (s *Storage) triggerOK() string {
 }
 
 // SchemaSQL returns the DDL of the latest schema: every up step of
-// [Storage.Migrations] in order, then, with [Config.NotifyChannel] set, the
-// notify trigger ([Storage.TriggerSQL]). Every statement is idempotent (IF
-// NOT EXISTS / OR REPLACE), so the text can go into a migration tool as is.
-// Run as a whole it locks the outbox table even when nothing changes;
-// [Storage.Migrate] reads the catalog first and locks nothing when the
-// database is up to date. The schema of a qualified table must already
+// [Storage.Migrations] in order, each recording itself in the version
+// table, then, with [Config.NotifyChannel] set, the notify trigger
+// ([Storage.TriggerSQL]). Every statement is idempotent (IF NOT EXISTS / OR
+// REPLACE / ON CONFLICT DO NOTHING), so the text can go into a migration
+// tool as is, and a schema made from it is at the latest version for
+// [Storage.Migrate]. Run as a whole it locks the outbox table even when
+// nothing changes; Migrate reads the catalog first and locks nothing when
+// the database is up to date. The schema of a qualified table must already
 // exist.
 func (s *Storage) SchemaSQL() string {
 	var b strings.Builder
@@ -171,26 +207,41 @@ func (s *Storage) CreateSchema(ctx context.Context) error { return s.Migrate(ctx
 //     keyed on the table's resolved schema-qualified name; the one holding it
 //     re-reads the version and applies the missing steps in one
 //     transaction, the others then find them applied;
-//   - a step whose tables and indexes all exist already (a database made by
-//     the CreateSchema of an earlier release, or from SchemaSQL) is recorded
-//     without being run, so adopting such a database takes no table lock;
+//   - which steps run is decided by the recorded version alone: every step
+//     after it runs, whole. A schema made from [Storage.SchemaSQL] or
+//     [Storage.Migrations] records its own version. A table made without
+//     the version table (by the CreateSchema of before versioning, or an
+//     older SchemaSQL) is adopted at the latest step whose tables, columns
+//     and indexes are all there: the steps up to it are recorded without
+//     being run, so none re-creates what a later one dropped;
+//   - a CREATE INDEX of a step is left out when a valid index of that name
+//     exists (built beforehand with CREATE INDEX CONCURRENTLY, under the
+//     name [Storage.Migrations] shows), so it neither builds nor waits for
+//     a lock on the outbox table; an index of that name left invalid by a
+//     failed concurrent build is an error;
 //   - every lock is waited for at most [SchemaLockTimeout], then Migrate
 //     fails with an error saying so (a long transaction holds the table).
 //
-// The steps add tables, columns and indexes only; records, their ids and
-// their order are untouched. Creating a new index on a large table blocks
-// inserts while it builds: create it first by hand with CREATE INDEX
-// CONCURRENTLY under the name [Storage.Migrations] shows, and Migrate then
-// finds it and only records the step.
+// The steps add tables, columns and indexes (and drop indexes a later step
+// replaced); records, their ids and their order are untouched. Creating a
+// new index on a large table blocks inserts while it builds: build it
+// first by hand with CREATE INDEX CONCURRENTLY.
 func (s *Storage) Migrate(ctx context.Context) error {
 	_, err := s.MigrateReport(ctx)
 	return err
 }
 
 // MigrateReport implements [storage.MigrateReporter]: it is
-// [Storage.Migrate], returning the versions of the steps this call applied.
-func (s *Storage) MigrateReport(ctx context.Context) (applied []int, err error) {
-	steps := loadSteps()
+// [Storage.Migrate], returning the versions of the steps this call applied
+// (or recorded, adopting a table made without the version table).
+func (s *Storage) MigrateReport(ctx context.Context) ([]int, error) {
+	return s.migrate(ctx, LatestVersion())
+}
+
+// migrate brings the database to version target (tests start from older
+// versions with it).
+func (s *Storage) migrate(ctx context.Context, target int) (applied []int, err error) {
+	steps := loadSteps()[:target]
 	upToDate := fmt.Sprintf(`SELECT (SELECT max(version) FROM %s) IS NOT DISTINCT FROM %d AND %s`,
 		s.MigrationTable(), len(steps), s.triggerOK())
 	// The fast path: catalog reads and the version table only, when it
@@ -227,38 +278,47 @@ func (s *Storage) MigrateReport(ctx context.Context) (applied []int, err error) 
 	if err := s.lockSchema(ctx, tx); err != nil {
 		return nil, fail("advisory lock", err)
 	}
-	if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-    version    INTEGER     PRIMARY KEY,
-    name       TEXT        NOT NULL,
-    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
-)`, s.MigrationTable())); err != nil {
+	if _, err := tx.Exec(ctx, s.versionTableSQL()); err != nil {
 		return nil, fail("create the version table", err)
 	}
 	var current int
 	if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT COALESCE(max(version), 0) FROM %s`, s.MigrationTable())).Scan(&current); err != nil {
 		return nil, fail("read the version", err)
 	}
-	if current > len(steps) {
-		return nil, fmt.Errorf("migrate outbox schema %s: the database is at version %d, newer than this code's %d: upgrade txoutbox", s.table, current, len(steps))
+	if current > LatestVersion() {
+		return nil, fmt.Errorf("migrate outbox schema %s: the database is at version %d, newer than this code's %d: upgrade txoutbox", s.table, current, LatestVersion())
 	}
-	for _, st := range steps[current:] {
-		objs := s.creates(st)
-		present := false
-		if len(objs) > 0 {
-			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT %s`, notNull(objs))).Scan(&present); err != nil {
-				return nil, fail(fmt.Sprintf("step %d (%s): read the catalog", st.Version, st.Name), err)
-			}
-		}
-		if !present {
-			// Simple protocol: a step is several statements.
-			if _, err := tx.Exec(ctx, s.render(st.Up), pgx.QueryExecModeSimpleProtocol); err != nil {
-				return nil, fail(fmt.Sprintf("step %d (%s)", st.Version, st.Name), err)
-			}
-		}
+	record := func(st migfiles.Step) error {
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (version, name) VALUES ($1, $2)`, s.MigrationTable()), st.Version, st.Name); err != nil {
-			return nil, fail(fmt.Sprintf("record step %d", st.Version), err)
+			return fail(fmt.Sprintf("record step %d", st.Version), err)
 		}
 		applied = append(applied, st.Version)
+		return nil
+	}
+	if current == 0 {
+		adopt, err := s.adoptVersion(ctx, tx, steps)
+		if err != nil {
+			return nil, fail("read the catalog", err)
+		}
+		for _, st := range steps[:adopt] {
+			if err := record(st); err != nil {
+				return nil, err
+			}
+		}
+		current = adopt
+	}
+	for _, st := range steps[min(current, len(steps)):] {
+		up, err := s.withoutBuiltIndexes(ctx, tx, st)
+		if err != nil {
+			return nil, fail(fmt.Sprintf("step %d (%s)", st.Version, st.Name), err)
+		}
+		// Simple protocol: a step is several statements.
+		if _, err := tx.Exec(ctx, s.render(up), pgx.QueryExecModeSimpleProtocol); err != nil {
+			return nil, fail(fmt.Sprintf("step %d (%s)", st.Version, st.Name), err)
+		}
+		if err := record(st); err != nil {
+			return nil, err
+		}
 	}
 	if s.config.NotifyChannel != "" {
 		var ok bool
@@ -281,13 +341,49 @@ func (s *Storage) MigrateReport(ctx context.Context) (applied []int, err error) 
 	return applied, nil
 }
 
-// notNull is a SQL condition true when every named relation exists.
-func notNull(rels []string) string {
-	conds := make([]string, len(rels))
-	for i, r := range rels {
-		conds[i] = fmt.Sprintf("to_regclass(%s) IS NOT NULL", r)
+// adoptVersion is the version of an outbox table made without the version
+// table: 0 when there is no outbox table, else the latest step whose
+// tables, columns and indexes are all there (a step that creates nothing
+// Migrate can look for cannot be the one).
+func (s *Storage) adoptVersion(ctx context.Context, tx pgx.Tx, steps []migfiles.Step) (int, error) {
+	for v := len(steps); v >= 1; v-- {
+		cond := s.present(steps[v-1])
+		if cond == "" {
+			continue
+		}
+		var ok bool
+		if err := tx.QueryRow(ctx, "SELECT "+cond).Scan(&ok); err != nil {
+			return 0, err
+		}
+		if ok {
+			return v, nil
+		}
 	}
-	return strings.Join(conds, " AND ")
+	return 0, nil
+}
+
+// withoutBuiltIndexes returns the SQL of step st (placeholders not yet
+// replaced) without the CREATE INDEX statements whose index exists and is
+// valid: even IF NOT EXISTS takes the lock on the table that blocks
+// inserts, before it finds the index there. An index left invalid by a
+// failed CREATE INDEX CONCURRENTLY is an error: IF NOT EXISTS would keep it.
+func (s *Storage) withoutBuiltIndexes(ctx context.Context, tx pgx.Tx, st migfiles.Step) (string, error) {
+	up := st.Up
+	for _, m := range createIndexRE.FindAllStringSubmatch(st.Up, -1) {
+		name := siblingName(s.ident, m[1])
+		var found, valid bool
+		if err := tx.QueryRow(ctx, `SELECT i.indexrelid IS NOT NULL, COALESCE(i.indisvalid AND i.indisready, false)
+FROM (SELECT to_regclass($1) AS oid) r LEFT JOIN pg_index i ON i.indexrelid = r.oid`, name).Scan(&found, &valid); err != nil {
+			return "", err
+		}
+		switch {
+		case found && !valid:
+			return "", fmt.Errorf("index %s exists but is not valid (a CREATE INDEX CONCURRENTLY that failed, or is still running): drop it (DROP INDEX CONCURRENTLY) and build it again, or let Migrate build it", name)
+		case found:
+			up = strings.Replace(up, m[0], "-- "+derivedName(s.ident, m[1])+" was built beforehand.", 1)
+		}
+	}
+	return up, nil
 }
 
 // lockSchema takes Migrate's advisory lock, keyed on a hash of the table's
