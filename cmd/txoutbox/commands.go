@@ -484,6 +484,8 @@ func migrationsFor(o options) ([]storage.Migration, error) {
 }
 
 func writeMigrationFiles(e *env, migs []storage.Migration, dir, format string) error {
+	scheme, _, _ := strings.Cut(e.opts.url, ":")
+	whole := strings.HasPrefix(strings.ToLower(scheme), "postgres")
 	if format != "golang-migrate" && format != "goose" {
 		return usageError{fmt.Sprintf("--format %q: want golang-migrate or goose", format)}
 	}
@@ -508,9 +510,21 @@ func writeMigrationFiles(e *env, migs []storage.Migration, dir, format string) e
 				err = write(base+".down.sql", down)
 			}
 		case "goose":
-			text := "-- +goose Up\n-- +goose StatementBegin\n" + m.Up + "-- +goose StatementEnd\n"
+			// goose runs each statement it finds (a line ending with a
+			// semicolon ends one), or a StatementBegin/End block as one:
+			// PostgreSQL's steps hold a DO block, whose semicolons are not
+			// ends of statements, and run as one block (a simple-protocol
+			// query may hold several statements); MySQL's and SQLite's run
+			// statement by statement, which needs no multiStatements=true.
+			block := func(sql string) string {
+				if !whole {
+					return sql
+				}
+				return "-- +goose StatementBegin\n" + sql + "-- +goose StatementEnd\n"
+			}
+			text := "-- +goose Up\n" + block(m.Up)
 			if m.Down != "" {
-				text += "\n-- +goose Down\n-- +goose StatementBegin\n" + m.Down + "-- +goose StatementEnd\n"
+				text += "\n-- +goose Down\n" + block(m.Down)
 			}
 			err = write(base+".sql", text)
 		}

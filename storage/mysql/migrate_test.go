@@ -137,33 +137,43 @@ func TestMigrateUpgradeFromVersion1(t *testing.T) {
 	}
 }
 
-// TestMigrateAdoptsHandMadeSchema: a table made from SchemaSQL by hand (no
-// version table) reports version 0, and Migrate records the steps without
-// touching its rows.
+// TestMigrateAdoptsHandMadeSchema: a table made from SchemaSQL by hand,
+// statement by statement as a client runs a script, is at the latest
+// version; Migrate has nothing to do and leaves its rows alone. Made from
+// the steps' statements alone (an older SchemaSQL, no version table), it
+// is at version 0 and Migrate records the steps.
 func TestMigrateAdoptsHandMadeSchema(t *testing.T) {
 	t.Parallel()
-	db := openDB(t)
-	name := newTable(t, db)
-	s, err := New(db, Config{Table: name})
-	must(t, err)
-	stmts := strings.Split(strings.TrimSpace(s.SchemaSQL()), ";\n")
-	if len(stmts) != LatestVersion() {
-		t.Fatalf("SchemaSQL has %d statements, want %d", len(stmts), LatestVersion())
-	}
-	for _, q := range stmts {
-		must(t, exec(t, s, strings.TrimSuffix(q, ";")))
-	}
-	if st, err := s.MigrationStatus(t.Context()); err != nil || st.Current != 0 || st.Latest != LatestVersion() {
-		t.Fatalf("MigrationStatus of a hand-made schema = %+v, %v, want version 0", st, err)
-	}
-	insert(t, s, recs("a", "b")...)
-	before := dump(t, s)
-	must(t, s.CreateSchema(t.Context()))
-	if st, err := s.MigrationStatus(t.Context()); err != nil || st.Current != LatestVersion() {
-		t.Fatalf("MigrationStatus after Migrate = %+v, %v", st, err)
-	}
-	if after := dump(t, s); !slices.Equal(before, after) {
-		t.Fatalf("rows changed: %q -> %q", before, after)
+	for _, recorded := range []bool{true, false} {
+		db := openDB(t)
+		name := newTable(t, db)
+		s, err := New(db, Config{Table: name})
+		must(t, err)
+		stmts := strings.Split(strings.TrimSpace(s.SchemaSQL()), ";\n")
+		if len(stmts) != 3*LatestVersion() {
+			t.Fatalf("SchemaSQL has %d statements, want 3 a step (the step, the version table, the version)", len(stmts))
+		}
+		for i, q := range stmts {
+			if recorded || i%3 == 0 {
+				must(t, exec(t, s, strings.TrimSuffix(q, ";")))
+			}
+		}
+		want := 0
+		if recorded {
+			want = LatestVersion()
+		}
+		if st, err := s.MigrationStatus(t.Context()); err != nil || st.Current != want || st.Latest != LatestVersion() {
+			t.Fatalf("MigrationStatus of a hand-made schema = %+v, %v, want version %d", st, err, want)
+		}
+		insert(t, s, recs("a", "b")...)
+		before := dump(t, s)
+		must(t, s.CreateSchema(t.Context()))
+		if st, err := s.MigrationStatus(t.Context()); err != nil || st.Current != LatestVersion() {
+			t.Fatalf("MigrationStatus after Migrate = %+v, %v", st, err)
+		}
+		if after := dump(t, s); !slices.Equal(before, after) {
+			t.Fatalf("rows changed: %q -> %q", before, after)
+		}
 	}
 }
 

@@ -63,25 +63,46 @@ func (s *Storage) render(sqlText string) string {
 
 // Migrations implements [storage.Migrator]: the steps with their SQL for
 // this storage's tables, to export to golang-migrate, goose or Atlas. Every
-// up step is one idempotent statement (CREATE TABLE IF NOT EXISTS), so a
-// database made by hand from SchemaSQL can still be brought under Migrate.
-// No step has a down: each would drop a table with records in it.
+// up step is idempotent (CREATE TABLE IF NOT EXISTS). No step has a down:
+// each would drop a table with records in it.
+//
+// Each step's SQL is a script: its statement, then the two that record it
+// in [Storage.MigrationTable] (created when missing), each ending with a
+// semicolon, so that a schema made from it by the mysql client, another
+// migration tool (golang-migrate runs a file as one multi-statement
+// query), or by hand is at the version it represents for Migrate,
+// MigrationStatus and the txoutbox command.
 func (s *Storage) Migrations() []storage.Migration {
 	steps := loadSteps()
 	out := make([]storage.Migration, len(steps))
 	for i, st := range steps {
-		out[i] = storage.Migration{Version: st.Version, Name: st.Name, Up: s.render(st.Up), Down: s.render(st.Down)}
+		out[i] = storage.Migration{Version: st.Version, Name: st.Name, Down: s.render(st.Down),
+			Up: s.render(st.Up) + ";\n\n-- Recorded in the version table, as Migrate records it.\n" + s.versionTableSQL() + ";\n" +
+				fmt.Sprintf("INSERT INTO %s (version, name, applied_at) VALUES (%d, '%s', UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE version = version;\n",
+					s.MigrationTable(), st.Version, st.Name)}
 	}
 	return out
 }
 
+// versionTableSQL creates the version table.
+func (s *Storage) versionTableSQL() string {
+	return `CREATE TABLE IF NOT EXISTS ` + s.MigrationTable() + ` (
+    version    INT          NOT NULL,
+    name       VARCHAR(255) NOT NULL,
+    applied_at DATETIME(6)  NOT NULL,
+    PRIMARY KEY (version)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`
+}
+
 // SchemaSQL returns the DDL of the outbox table, its indexes included, and
 // of the skipped table ([Storage.SkippedTable]) at the latest version: every
-// up step of [Storage.Migrations], each one idempotent statement (CREATE
-// TABLE IF NOT EXISTS) ending with a semicolon, ready for a migration tool.
-// Run them one by one (or with the DSN's multiStatements=true). The database
-// of a qualified table must already exist. [Storage.Migrate] runs the same
-// steps and records the version.
+// up step of [Storage.Migrations], each an idempotent statement (CREATE
+// TABLE IF NOT EXISTS) and the two that record it in the version table,
+// every statement ending with a semicolon. It runs as a script: pipe it
+// into the mysql or mariadb client, or run it through a connection with
+// the DSN's multiStatements=true. The database of a qualified table must
+// already exist. [Storage.Migrate] runs the same steps and records the
+// version.
 //
 // Times are DATETIME(6) in UTC, written and compared with UTC_TIMESTAMP(6),
 // so the session time zone does not matter. Keys, topics and uuids compare
@@ -90,7 +111,7 @@ func (s *Storage) SchemaSQL() string {
 	var b strings.Builder
 	for _, m := range s.Migrations() {
 		b.WriteString(m.Up)
-		b.WriteString(";\n")
+		b.WriteString("\n")
 	}
 	return b.String()
 }
@@ -149,12 +170,7 @@ func (s *Storage) migrateSteps(ctx context.Context, target int) (applied []int, 
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", lock) //nolint:errcheck // the lock also ends with the session
 	vt := s.MigrationTable()
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+vt+` (
-    version    INT          NOT NULL,
-    name       VARCHAR(255) NOT NULL,
-    applied_at DATETIME(6)  NOT NULL,
-    PRIMARY KEY (version)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`); err != nil {
+	if _, err := conn.ExecContext(ctx, s.versionTableSQL()); err != nil {
 		return nil, fmt.Errorf("create %s: %w", vt, err)
 	}
 	var current int

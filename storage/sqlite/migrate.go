@@ -39,21 +39,44 @@ func (s *Storage) render(sqlText string) string {
 
 // Migrations implements [storage.Migrator]: the steps with their SQL for
 // this storage's table, to export to golang-migrate, goose or Atlas. Every
-// up step is idempotent (IF NOT EXISTS), so a database made by hand from
-// SchemaSQL can still be brought under Migrate.
+// up step is idempotent (IF NOT EXISTS).
+//
+// Each step ends by recording itself in [Storage.MigrationTable] (created
+// when missing), and each down step by deleting its row, so that a schema
+// made from this SQL by another tool, or by hand, is at the version it
+// represents for Migrate, MigrationStatus and the txoutbox command.
 func (s *Storage) Migrations() []storage.Migration {
 	steps := loadSteps()
+	vt := quote(s.MigrationTable())
 	out := make([]storage.Migration, len(steps))
 	for i, st := range steps {
-		out[i] = storage.Migration{Version: st.Version, Name: st.Name, Up: s.render(st.Up), Down: s.render(st.Down)}
+		m := storage.Migration{Version: st.Version, Name: st.Name,
+			Up: s.render(st.Up) + "\n-- Recorded in the version table, as Migrate records it.\n" + s.versionTableSQL() + ";\n" +
+				fmt.Sprintf("INSERT OR IGNORE INTO %s (version, name, applied_at) VALUES (%d, '%s', CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) * 1000000);\n",
+					vt, st.Version, st.Name)}
+		if st.Down != "" {
+			m.Down = s.render(st.Down) + fmt.Sprintf("DELETE FROM %s WHERE version = %d;\n", vt, st.Version)
+		}
+		out[i] = m
 	}
 	return out
 }
 
+// versionTableSQL creates the version table; applied_at is Unix
+// nanoseconds, like every time of the outbox table.
+func (s *Storage) versionTableSQL() string {
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at INTEGER NOT NULL
+)`, quote(s.MigrationTable()))
+}
+
 // SchemaSQL returns the statements that create the outbox table, its
 // indexes and the skipped table at the latest version: every up step of
-// [Storage.Migrations] in order, for your migration tool. They are
-// idempotent (IF NOT EXISTS). Migrate does the same and records the version.
+// [Storage.Migrations] in order, each recording itself in the version
+// table, for your migration tool. They are idempotent (IF NOT EXISTS, OR
+// IGNORE); a database made from them is at the latest version for Migrate.
 //
 // Timestamps (created_at, due_at, leased_until, delivered_at) are INTEGER
 // Unix nanoseconds from the application clock: comparisons are exact integer
@@ -112,11 +135,7 @@ func (s *Storage) MigrateReport(ctx context.Context) ([]int, error) {
 			}
 		}()
 		vt := quote(s.MigrationTable())
-		if _, err := conn.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-    version    INTEGER PRIMARY KEY,
-    name       TEXT    NOT NULL,
-    applied_at INTEGER NOT NULL
-)`, vt)); err != nil {
+		if _, err := conn.ExecContext(ctx, s.versionTableSQL()); err != nil {
 			return err
 		}
 		var current int
