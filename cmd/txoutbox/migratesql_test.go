@@ -260,4 +260,3 @@ func gooseStatements(t *testing.T, text string) []string {
 	}
 	return out
 }
-
