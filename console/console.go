@@ -48,8 +48,11 @@ type Config struct {
 
 	// Prefix is the path the handler is mounted at, without a trailing
 	// slash, for example "/admin/outbox" for mux.Handle("/admin/outbox/",
-	// h). Links, forms and the session cookie are under it. Defaults to ""
-	// (mounted at the root).
+	// h), which hands the handler the full path. Under http.StripPrefix it
+	// may be left empty: the handler then serves the paths it is given.
+	// Links, forms and redirects are relative to the page, so they resolve
+	// under the mount path either way; the session cookie is scoped to it.
+	// Defaults to "" (mounted at the root, or under http.StripPrefix).
 	Prefix string
 
 	// Actor names the operator in audit lines, for example the user of your
@@ -236,11 +239,75 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "403 forbidden: not authorised to use the outbox console", http.StatusForbidden)
 		return
 	}
+	// The path inside the console: under Config.Prefix when the mux hands
+	// over the full path, or already without it under http.StripPrefix.
+	path := r.URL.Path
+	if p := h.config.Prefix; p != "" && (path == p || strings.HasPrefix(path, p+"/")) {
+		path = path[len(p):]
+	}
+	if path == "" { // the console's root without its slash
+		h.redirect(w, r, mountName(r, h.config.Prefix)+"/", http.StatusMovedPermanently)
+		return
+	}
 	if !textValues(r.URL.Query()) {
 		h.renderError(w, r, http.StatusBadRequest, "Bad request", notText)
 		return
 	}
+	if path != r.URL.Path {
+		r2 := new(http.Request)
+		*r2 = *r
+		r2.URL = new(url.URL)
+		*r2.URL = *r.URL
+		r2.URL.Path, r2.URL.RawPath = path, ""
+		r = r2
+	}
 	h.mux.ServeHTTP(w, r)
+}
+
+// The console's links, forms and redirects are relative to the page they
+// are on, so that they resolve under whatever path the console is mounted
+// at: Config.Prefix on a mux, http.StripPrefix, a proxy that rewrites
+// paths. root is the way from the page at the console's path p to the
+// console's root: "." for the pages at the top, ".." one level down.
+func root(p string) string {
+	depth := strings.Count(p, "/") - 1
+	if depth <= 0 {
+		return "."
+	}
+	return strings.TrimSuffix(strings.Repeat("../", depth), "/")
+}
+
+// redirect answers with a redirect to target, relative to the request's
+// URL as the browser sent it (http.Redirect would resolve it against the
+// path inside the console, which lacks the mount path).
+func (h *Handler) redirect(w http.ResponseWriter, _ *http.Request, target string, code int) {
+	w.Header().Set("Location", target)
+	w.WriteHeader(code)
+}
+
+// mountName is the last segment of the path the console is mounted at,
+// for the redirect from it to its root.
+func mountName(r *http.Request, prefix string) string {
+	p := prefix
+	if u, err := url.ParseRequestURI(r.RequestURI); err == nil && u.Path != "" {
+		p = u.Path
+	}
+	p = strings.TrimSuffix(p, "/")
+	return p[strings.LastIndex(p, "/")+1:]
+}
+
+// mountPath is the path the console is mounted at, as the browser sees it:
+// Config.Prefix, or the request's path as sent less the path inside the
+// console. "" when it cannot be told (a proxy rewrote the path).
+func (h *Handler) mountPath(r *http.Request) string {
+	if h.config.Prefix != "" {
+		return h.config.Prefix
+	}
+	u, err := url.ParseRequestURI(r.RequestURI)
+	if err != nil || !strings.HasSuffix(u.Path, r.URL.Path) {
+		return ""
+	}
+	return strings.TrimSuffix(u.Path, r.URL.Path)
 }
 
 // notText says why a request with a value that is not text is refused.
@@ -266,22 +333,18 @@ func textValues(v url.Values) bool {
 }
 
 func (h *Handler) routes() {
-	p := h.config.Prefix
 	m := http.NewServeMux()
-	m.HandleFunc("GET "+p+"/{$}", h.overview)
-	m.HandleFunc("GET "+p+"/live", h.live)
-	m.HandleFunc("GET "+p+"/held", h.withOperator(h.held))
-	m.HandleFunc("GET "+p+"/dead", h.withOperator(h.dead))
-	m.HandleFunc("GET "+p+"/records/{id}", h.withOperator(h.record))
-	m.HandleFunc("GET "+p+"/records/{id}/payload", h.withOperator(h.payload))
-	m.HandleFunc("GET "+p+"/redrive", h.withActions(h.redriveConfirm))
-	m.HandleFunc("POST "+p+"/redrive", h.withActions(h.withCSRF(h.redrive)))
-	m.HandleFunc("GET "+p+"/skip", h.withActions(h.skipConfirm))
-	m.HandleFunc("POST "+p+"/skip", h.withActions(h.withCSRF(h.skip)))
-	m.HandleFunc("GET "+p+"/static/{file}", h.static)
-	if p != "" {
-		m.Handle("GET "+p, http.RedirectHandler(p+"/", http.StatusMovedPermanently))
-	}
+	m.HandleFunc("GET /{$}", h.overview)
+	m.HandleFunc("GET /live", h.live)
+	m.HandleFunc("GET /held", h.withOperator(h.held))
+	m.HandleFunc("GET /dead", h.withOperator(h.dead))
+	m.HandleFunc("GET /records/{id}", h.withOperator(h.record))
+	m.HandleFunc("GET /records/{id}/payload", h.withOperator(h.payload))
+	m.HandleFunc("GET /redrive", h.withActions(h.redriveConfirm))
+	m.HandleFunc("POST /redrive", h.withActions(h.withCSRF(h.redrive)))
+	m.HandleFunc("GET /skip", h.withActions(h.skipConfirm))
+	m.HandleFunc("POST /skip", h.withActions(h.withCSRF(h.skip)))
+	m.HandleFunc("GET /static/{file}", h.static)
 	h.mux = m
 }
 

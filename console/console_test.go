@@ -236,7 +236,7 @@ func TestCSRF(t *testing.T) {
 	// The same form, same-origin, with its token: accepted.
 	res, body := b.do("POST", "/redrive", url.Values{"id": {id}, "csrf_token": {token}},
 		map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": b.srv.URL})
-	if res.StatusCode != http.StatusSeeOther || res.Header.Get("Location") != "/records/"+id+"?redriven=1" {
+	if res.StatusCode != http.StatusSeeOther || res.Header.Get("Location") != "./records/"+id+"?redriven=1" {
 		t.Fatalf("POST /redrive with its token = %d Location %q, want 303 to the record\n%s", res.StatusCode, res.Header.Get("Location"), body)
 	}
 	if r, _ := base.Record(context.Background(), ids[0]); r.Status != storage.StatusPending {
@@ -301,7 +301,7 @@ func TestPaging(t *testing.T) {
 			base, ids := sd.seed(t, recs...)
 			sp := &spy{Operator: base}
 			h := newHandler(t, sp, Config{PageSize: 3})
-			rowRE := regexp.MustCompile(`href="/records/(\d+)">#`)
+			rowRE := regexp.MustCompile(`href="\./records/(\d+)">#`)
 			nextRE := regexp.MustCompile(`id="next-page" href="([^"]+)"`)
 			var seen []string
 			path := "/dead"
@@ -322,7 +322,7 @@ func TestPaging(t *testing.T) {
 				}
 				path = ""
 				if m := nextRE.FindStringSubmatch(body); m != nil {
-					path = strings.ReplaceAll(m[1], "&amp;", "&")
+					path = strings.TrimPrefix(strings.ReplaceAll(m[1], "&amp;", "&"), ".")
 				}
 			}
 			var want []string
@@ -334,7 +334,7 @@ func TestPaging(t *testing.T) {
 			}
 			// The same for held keys (each of the 7 keys is held by its dead head).
 			res, body := get(t, h, "GET", "/held?limit=2")
-			if res.StatusCode != 200 || strings.Count(body, `href="/records/`) != 2 || !strings.Contains(body, "/held?after=k1&limit=2") {
+			if res.StatusCode != 200 || strings.Count(body, `href="./records/`) != 2 || !strings.Contains(body, "./held?after=k1&limit=2") {
 				t.Fatalf("GET /held?limit=2: want 2 keys and a next link after k1:\n%s", body)
 			}
 			// A huge limit is bounded.
@@ -384,7 +384,7 @@ func TestPayloadViews(t *testing.T) {
 			if kind != "text" || len(text) != 100 || strings.Contains(text, "END") {
 				t.Errorf("1003-byte payload with limit 100 shown as %s, %d bytes", kind, len(text))
 			}
-			link := fmt.Sprintf(`id="download" href="/records/%d/payload"`, ids[2])
+			link := fmt.Sprintf(`id="download" href="../records/%d/payload"`, ids[2])
 			if !strings.Contains(body, link) || !strings.Contains(body, "The payload is 1003 bytes; the first 100 are shown") {
 				t.Errorf("truncated payload without its notice and download link:\n%s", body)
 			}
@@ -447,7 +447,7 @@ func TestActions(t *testing.T) {
 				t.Fatalf("confirmation of key a does not count 1 record:\n%s", body)
 			}
 			res, _ := post("/redrive?key=a", "/redrive", url.Values{"key": {"a"}})
-			if res.StatusCode != 303 || res.Header.Get("Location") != "/dead?key=a&redriven=1" || status(ids[0]) != storage.StatusPending {
+			if res.StatusCode != 303 || res.Header.Get("Location") != "./dead?key=a&redriven=1" || status(ids[0]) != storage.StatusPending {
 				t.Fatalf("re-drive key a: %d %q, record %s", res.StatusCode, res.Header.Get("Location"), status(ids[0]))
 			}
 			// A filtered set (error text): listed, then re-driven by ids.

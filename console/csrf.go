@@ -34,7 +34,7 @@ func (h *Handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
 		http.SetCookie(w, &http.Cookie{ //nolint:gosec // HttpOnly and SameSite=Strict; Secure whenever the request came over TLS (a loopback console is plain HTTP)
 			Name:     sessionCookie,
 			Value:    session,
-			Path:     h.config.Prefix + "/",
+			Path:     h.mountPath(r) + "/",
 			HttpOnly: true,
 			Secure:   r.TLS != nil,
 			SameSite: http.SameSiteStrictMode,

@@ -44,13 +44,13 @@ func (h *Handler) overviewData(ctx context.Context) overviewData {
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
-	h.render(w, http.StatusOK, "overview", h.newPage("overview", h.overviewData(r.Context())))
+	h.render(w, http.StatusOK, "overview", h.newPage(r, "overview", h.overviewData(r.Context())))
 }
 
 // live is the overview's changing part, which console.js fetches every
 // SampleInterval.
 func (h *Handler) live(w http.ResponseWriter, r *http.Request) {
-	h.renderTemplate(w, http.StatusOK, "overview", "live", h.newPage("overview", h.overviewData(r.Context())))
+	h.renderTemplate(w, http.StatusOK, "overview", "live", h.newPage(r, "overview", h.overviewData(r.Context())))
 }
 
 // ---- held keys ----
@@ -76,7 +76,7 @@ func (h *Handler) held(w http.ResponseWriter, r *http.Request) {
 		d.Next = keys[len(keys)-1].Key
 	}
 	d.Keys = keys
-	h.render(w, http.StatusOK, "held", h.newPage("held", d))
+	h.render(w, http.StatusOK, "held", h.newPage(r, "held", d))
 }
 
 // ---- dead letters ----
@@ -107,7 +107,7 @@ func (h *Handler) dead(w http.ResponseWriter, r *http.Request) {
 		d.Next = rows[len(rows)-1].Record.ID
 	}
 	d.Rows = rows
-	p := h.newPage("dead", d)
+	p := h.newPage(r, "dead", d)
 	if n, err := strconv.ParseInt(q.Get("redriven"), 10, 64); err == nil {
 		p.Flash = "Re-drove " + plural(n, "dead record", "dead records") + "."
 	}
@@ -161,7 +161,7 @@ func (h *Handler) record(w http.ResponseWriter, r *http.Request) {
 	}
 	d := recordData{R: rec, Payload: viewPayload(rec.Record.Payload, h.config.PayloadLimit),
 		Metadata: sortedMetadata(rec.Record.Metadata), IsDead: rec.Status == storage.StatusDead}
-	p := h.newPage("dead", d)
+	p := h.newPage(r, "dead", d)
 	q := r.URL.Query()
 	if n, err := strconv.ParseInt(q.Get("redriven"), 10, 64); err == nil {
 		p.Flash = "Re-drove " + plural(n, "dead record", "dead records") + "."
@@ -269,10 +269,11 @@ func (q redriveReq) fields() []kv {
 	return f
 }
 
-// back is where the operator returns after the action.
-func (q redriveReq) back(prefix string) string {
+// back is where the operator returns after the action, from a page whose
+// way to the console's root is root.
+func (q redriveReq) back(root string) string {
 	if q.ID > 0 {
-		return fmt.Sprintf("%s/records/%d", prefix, q.ID)
+		return fmt.Sprintf("%s/records/%d", root, q.ID)
 	}
 	v := url.Values{}
 	for _, f := range q.fields() {
@@ -281,9 +282,9 @@ func (q redriveReq) back(prefix string) string {
 		}
 	}
 	if len(v) == 0 {
-		return prefix + "/dead"
+		return root + "/dead"
 	}
-	return prefix + "/dead?" + v.Encode()
+	return root + "/dead?" + v.Encode()
 }
 
 type confirmData struct {
@@ -305,7 +306,7 @@ func (h *Handler) redriveConfirm(w http.ResponseWriter, r *http.Request) {
 		h.renderError(w, r, http.StatusBadRequest, "Nothing to re-drive", err.Error())
 		return
 	}
-	d := confirmData{Action: "redrive", Heading: "Re-drive", What: q.describe(), Fields: q.fields(), Back: q.back(h.config.Prefix)}
+	d := confirmData{Action: "redrive", Heading: "Re-drive", What: q.describe(), Fields: q.fields(), Back: q.back(root(r.URL.Path))}
 	if q.ID > 0 {
 		rec, ok := h.recordByID(w, r, q.ID)
 		if !ok {
@@ -329,7 +330,7 @@ func (h *Handler) redriveConfirm(w http.ResponseWriter, r *http.Request) {
 			d.Blocked = "No dead record matches: there is nothing to re-drive."
 		}
 	}
-	p := h.newPage("dead", d)
+	p := h.newPage(r, "dead", d)
 	p.CSRF = h.csrfToken(w, r)
 	h.render(w, http.StatusOK, "confirm", p)
 }
@@ -374,12 +375,12 @@ func (h *Handler) redrive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.logger.Info("txoutbox console: re-drive", fields)
+	back := q.back(root(r.URL.Path))
 	sep := "?"
-	if strings.Contains(q.back(h.config.Prefix), "?") {
+	if strings.Contains(back, "?") {
 		sep = "&"
 	}
-	//nolint:gosec // the target is the configured prefix plus a path and encoded query of our own: never another origin
-	http.Redirect(w, r, q.back(h.config.Prefix)+sep+"redriven="+strconv.FormatInt(n, 10), http.StatusSeeOther)
+	h.redirect(w, r, back+sep+"redriven="+strconv.FormatInt(n, 10), http.StatusSeeOther)
 }
 
 // deadIDs lists the ids of the dead records q's filter selects, in id
@@ -418,7 +419,7 @@ func (h *Handler) skipData(w http.ResponseWriter, r *http.Request, idText string
 	}
 	d := confirmData{Action: "skip", Heading: "Skip", Record: &rec, Reason: true,
 		What:   fmt.Sprintf("dead record %d: it will never be delivered, and no longer holds back key %q", id, rec.Record.Key),
-		Fields: []kv{{"id", strconv.FormatInt(id, 10)}}, Back: fmt.Sprintf("%s/records/%d", h.config.Prefix, id)}
+		Fields: []kv{{"id", strconv.FormatInt(id, 10)}}, Back: fmt.Sprintf("%s/records/%d", root(r.URL.Path), id)}
 	if rec.Status != storage.StatusDead {
 		d.Blocked = fmt.Sprintf("Record %d is %s, not dead: only a dead record can be skipped.", id, rec.Status)
 	}
@@ -430,7 +431,7 @@ func (h *Handler) skipConfirm(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p := h.newPage("dead", d)
+	p := h.newPage(r, "dead", d)
 	p.CSRF = h.csrfToken(w, r)
 	h.render(w, http.StatusOK, "confirm", p)
 }
@@ -443,7 +444,7 @@ func (h *Handler) skip(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		d.Err = "Give a reason: it is kept with the record as the audit record."
-		p := h.newPage("dead", d)
+		p := h.newPage(r, "dead", d)
 		p.CSRF = h.csrfToken(w, r)
 		h.render(w, http.StatusBadRequest, "confirm", p)
 		return
@@ -468,5 +469,5 @@ func (h *Handler) skip(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.logger.Info("txoutbox console: skip", fields)
-	http.Redirect(w, r, fmt.Sprintf("%s/records/%d?skipped=1", h.config.Prefix, id), http.StatusSeeOther)
+	h.redirect(w, r, fmt.Sprintf("%s/records/%d?skipped=1", root(r.URL.Path), id), http.StatusSeeOther)
 }

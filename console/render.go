@@ -81,7 +81,7 @@ func parsePages() (map[string]*template.Template, error) {
 // page is what every page template gets.
 type page struct {
 	Title   string
-	P       string // the prefix, for links
+	P       string // the way to the console's root from this page ("." or ".."), for links
 	Nav     string // the current section
 	Actions bool
 	CSRF    string
@@ -90,8 +90,8 @@ type page struct {
 	Data    any
 }
 
-func (h *Handler) newPage(nav string, data any) *page {
-	return &page{Title: h.config.Title, P: h.config.Prefix, Nav: nav, Actions: h.config.EnableActions && h.op != nil,
+func (h *Handler) newPage(r *http.Request, nav string, data any) *page {
+	return &page{Title: h.config.Title, P: root(r.URL.Path), Nav: nav, Actions: h.config.EnableActions && h.op != nil,
 		Static: staticVersion, Data: data}
 }
 
@@ -118,7 +118,7 @@ type errorData struct {
 }
 
 func (h *Handler) renderError(w http.ResponseWriter, r *http.Request, status int, heading, message string) {
-	h.render(w, status, "error", h.newPage("", errorData{status, heading, message}))
+	h.render(w, status, "error", h.newPage(r, "", errorData{status, heading, message}))
 }
 
 // storageError answers a failed storage call with 500 and logs it.

@@ -198,7 +198,7 @@ func testConsoleCommand(t *testing.T, kind string) {
 		t.Fatalf("GET / = %d\n%s", code, body)
 	}
 	code, body := consoleGet(t, c, base+"/held")
-	if code != 200 || !strings.Contains(body, `href="/outbox/records/1"`) || !strings.Contains(body, "until re-driven or skipped") {
+	if code != 200 || !strings.Contains(body, `href="./records/1"`) || !strings.Contains(body, "until re-driven or skipped") {
 		t.Fatalf("GET /held = %d, want key k held by dead record 1\n%s", code, body)
 	}
 	if code, body := consoleGet(t, c, base+"/records/1"); code != 200 || strings.Contains(body, "<script>x") {
