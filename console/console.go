@@ -246,7 +246,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		path = path[len(p):]
 	}
 	if path == "" { // the console's root without its slash
-		h.redirect(w, r, mountName(r, h.config.Prefix)+"/", http.StatusMovedPermanently)
+		// "./" first: a segment with a colon must not read as a scheme.
+		h.redirect(w, r, "./"+mountName(r, h.config.Prefix)+"/", http.StatusMovedPermanently)
 		return
 	}
 	if !textValues(r.URL.Query()) {
