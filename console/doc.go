@@ -12,9 +12,11 @@
 // with an audit line in the log.
 //
 // It is built on [storage.Operator], like the txoutbox command, so it works
-// on every storage that implements it; a storage that only reports
-// [storage.StatsReader] gets the overview, and the other pages say why they
-// are missing.
+// on every storage that implements it (PostgreSQL, MySQL, SQLite, memory);
+// a storage that only reports [storage.StatsReader] gets the overview, and
+// the other pages say why they are missing. Its links, forms and redirects
+// are relative to the page, so it works mounted on a mux under
+// Config.Prefix or under [http.StripPrefix].
 //
 // # Security
 //
@@ -26,7 +28,10 @@
 // action is a POST that must pass Go's [http.CrossOriginProtection] and
 // carry a token bound to a per-browser session cookie (an HMAC under the
 // handler's key). Lists are paged with the storage's own limits, and a
-// payload over Config.PayloadLimit is cut, with a download link.
+// payload over Config.PayloadLimit is cut, with a download link. A value
+// that is not text (a NUL, bytes that are not UTF-8) is a 400, and every
+// text field it logs has its control characters escaped, so nothing a
+// producer stored or a request sent can forge a log line.
 //
 // See docs/console.md for the options and the security model in full.
 package console

@@ -237,9 +237,9 @@ Commands:
 Every command takes --database-url (default $%s), --table (default outbox)
 and --json. 'txoutbox <command> --help' shows a command's flags and an example.
 
-Exit codes: 0 ok, 1 error, 2 usage, 3 attention (dead records or keys held by
-a failing record in status, a problem in doctor, a pending migration), 4 not
-found (or not dead).
+Exit codes: 0 ok, 1 error (also: no such table, a schema newer than this
+build), 2 usage, 3 attention (dead records or keys held by a failing record in
+status, a problem in doctor, a pending migration), 4 not found (or not dead).
 
 Example:
   export %s=sqlite:///var/lib/app/app.db

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -61,7 +63,7 @@ func runConsole(ctx context.Context, e *env) error {
 	// a space, a quote or an equals sign, so a value cannot pass for another
 	// field (Watermill's StdLogger only wraps values with spaces in quotes),
 	// and the console escapes control characters before.
-	logger := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(e.errOut, nil)))
+	logger := auditLogger{slog.New(slog.NewTextHandler(e.errOut, nil)), nil}
 	cfg := console.Config{
 		Authorize:      loopbackClient,
 		EnableActions:  actions,
@@ -229,4 +231,36 @@ func basicAuth(password string, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// auditLogger is the console's logger: slog's text lines on stderr, with
+// the fields in the order of their names (Watermill's slog adapter passes
+// them in map order, which changes from line to line).
+type auditLogger struct {
+	l      *slog.Logger
+	fields watermill.LogFields
+}
+
+func (a auditLogger) log(level slog.Level, msg string, err error, fields watermill.LogFields) {
+	all := a.fields.Add(fields)
+	args := make([]any, 0, 2*len(all)+2)
+	for _, k := range slices.Sorted(maps.Keys(all)) {
+		args = append(args, k, all[k])
+	}
+	if err != nil {
+		args = append(args, "error", err)
+	}
+	a.l.Log(context.Background(), level, msg, args...)
+}
+
+func (a auditLogger) Error(msg string, err error, fields watermill.LogFields) {
+	a.log(slog.LevelError, msg, err, fields)
+}
+func (a auditLogger) Info(msg string, fields watermill.LogFields) {
+	a.log(slog.LevelInfo, msg, nil, fields)
+}
+func (a auditLogger) Debug(string, watermill.LogFields) {}
+func (a auditLogger) Trace(string, watermill.LogFields) {}
+func (a auditLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return auditLogger{a.l, a.fields.Add(fields)}
 }

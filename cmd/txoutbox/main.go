@@ -22,12 +22,17 @@
 // # Exit codes
 //
 //	0  success
-//	1  error: the database could not be reached or read, a write failed, ...
+//	1  error: the database could not be reached or read, the outbox table
+//	   does not exist, its schema is not this build's (behind, or newer:
+//	   migrate status too), a write failed, ...
 //	2  usage: unknown command or flag, missing argument
 //	3  attention: status found dead records or keys held by a failing or dead
 //	   record (keys held by a record in flight are normal); doctor found a
 //	   problem; migrate status found steps not applied
 //	4  not found: dead show or skip of an id that is not there (or, for skip, not dead)
+//
+// Text from the table (keys, topics, errors, payloads) is escaped before it
+// reaches the terminal: see docs/operations.md.
 //
 // See docs/operations.md for the full reference.
 package main
