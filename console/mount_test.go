@@ -113,4 +113,3 @@ func TestMounted(t *testing.T) {
 		})
 	}
 }
-

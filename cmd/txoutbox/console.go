@@ -85,11 +85,9 @@ func runConsole(ctx context.Context, e *env) error {
 		return usageError{err.Error()}
 	}
 	defer func() { _ = h.Close() }()
-	var handler http.Handler = h
+	handler := loopbackOnly(h)
 	if password != "" {
 		handler = basicAuth(password, h)
-	} else {
-		handler = loopbackOnly(h)
 	}
 
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)

@@ -115,12 +115,3 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return exitError
 	}
 }
-
-func cutFlag(arg, name string) (string, bool) {
-	for _, p := range []string{"--" + name + "=", "-" + name + "="} {
-		if len(arg) > len(p) && arg[:len(p)] == p {
-			return arg[len(p):], true
-		}
-	}
-	return "", false
-}

@@ -103,7 +103,7 @@ func openMySQL(ctx context.Context, o options) (*backend, error) {
 	}
 	b := newBackend(s, db.Close)
 	b.tableExists = func(ctx context.Context) (bool, error) {
-		rows, err := db.QueryContext(ctx, "SELECT 1 FROM "+s.Table()+" LIMIT 0")
+		rows, err := db.QueryContext(ctx, "SELECT 1 FROM "+s.Table()+" LIMIT 0") //nolint:gosec // the storage's quoted table name, checked by mysql.New
 		var me *drv.MySQLError
 		if errors.As(err, &me) && me.Number == 1146 { // ER_NO_SUCH_TABLE
 			return false, nil
@@ -111,7 +111,8 @@ func openMySQL(ctx context.Context, o options) (*backend, error) {
 		if err != nil {
 			return false, redactErr(err)
 		}
-		return true, rows.Close()
+		defer func() { _ = rows.Close() }()
+		return true, redactErr(rows.Err())
 	}
 	return b, nil
 }
