@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -49,6 +50,9 @@ func open(ctx context.Context, o options) (*backend, error) {
 	if o.url == "" {
 		return nil, usageError{"no database URL: set --database-url or TXOUTBOX_DATABASE_URL"}
 	}
+	if err := checkURL(o.url); err != nil {
+		return nil, err
+	}
 	var (
 		b   *backend
 		err error
@@ -76,6 +80,49 @@ func open(ctx context.Context, o options) (*backend, error) {
 	return b, nil
 }
 
+var schemeRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.\-]*$`)
+
+// checkURL refuses, before any driver parses it, a database URL a driver
+// would misread into an error that quotes part of its password: one
+// without a scheme (a key=value connection string), one whose user or
+// password holds an unescaped @ (or a / that makes the rest of it a path),
+// one that does not parse. Its errors never quote the URL.
+func checkURL(raw string) error {
+	scheme, rest, ok := strings.Cut(raw, ":")
+	if !ok || !schemeRE.MatchString(scheme) {
+		return usageError{"the database URL has no scheme: write sqlite:///path/to.db, postgres://user:password@host:5432/db or mysql://user:password@host:3306/db (a key=value connection string is not accepted)"}
+	}
+	if mysqlDSNForm.MatchString(strings.TrimPrefix(rest, "//")) {
+		return nil // the MySQL driver's own DSN: it reads user:password up to the last @
+	}
+	if !strings.HasPrefix(rest, "//") {
+		return nil // sqlite:path, file:path: no user or password
+	}
+	authority := rest[2:]
+	if i := strings.IndexAny(authority, "/?#"); i >= 0 {
+		// user:pa/ss@host parses as host "user", port "pa", path "/ss@host":
+		// a port that is not a number, and an @ after it.
+		head := authority[:i]
+		_, port, hasPort := strings.Cut(head, ":")
+		if hasPort && !strings.Contains(head, "@") && !strings.Contains(head, "[") && strings.Contains(authority[i:], "@") &&
+			strings.Trim(port, "0123456789") != "" {
+			return usageError{"the database URL's password holds an unescaped /, ? or #: percent-encode it (%2F, %3F, %23)"}
+		}
+		authority = authority[:i]
+	}
+	if strings.Count(authority, "@") > 1 {
+		return usageError{"the database URL's user or password holds an unescaped @: percent-encode it as %40"}
+	}
+	if _, err := url.Parse(raw); err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // url.Error quotes the URL
+		}
+		return usageError{fmt.Sprintf("database URL: %v (percent-encode the special characters of the password)", err)}
+	}
+	return nil
+}
+
 // sqlitePath returns the file name of a sqlite:///path, sqlite:path or
 // file:path URL; a query string is ignored (the command sets its own).
 func sqlitePath(raw string) (string, error) {
@@ -83,6 +130,10 @@ func sqlitePath(raw string) (string, error) {
 	if strings.HasPrefix(rest, "//") {
 		u, err := url.Parse(raw)
 		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // url.Error quotes the URL
+			}
 			return "", usageError{fmt.Sprintf("database URL: %v", err)}
 		}
 		if u.Host != "" && u.Host != "localhost" {

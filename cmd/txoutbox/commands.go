@@ -441,6 +441,11 @@ var cmdMigrateSQL = &command{
 // migrationsFor returns the steps for the URL's storage without opening
 // the database.
 func migrationsFor(o options) ([]storage.Migration, error) {
+	if o.url != "" {
+		if err := checkURL(o.url); err != nil {
+			return nil, err
+		}
+	}
 	scheme, _, _ := strings.Cut(o.url, ":")
 	switch strings.ToLower(scheme) {
 	case "sqlite", "file":

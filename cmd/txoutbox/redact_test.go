@@ -80,3 +80,53 @@ func urlUser(raw string) string {
 	}
 	return u.User.Username()
 }
+
+// TestNoPasswordInMalformedURLs: URLs an operator gets wrong (a key=value
+// connection string, a password with an unescaped @ or a bad escape) are
+// refused without quoting the password, or any part of it.
+func TestNoPasswordInMalformedURLs(t *testing.T) {
+	t.Parallel()
+	for u, fragment := range map[string]string{
+		"host=127.0.0.1 port=1 user=u password=kvSecret99":  "kvSecret99",
+		"postgres://u:pa@atSecret99@127.0.0.1:1/db":         "atSecret99",
+		"postgresql://u:pa@atSecret98@127.0.0.1:1/db?x=1":   "atSecret98",
+		"sqlite://u:esc%zzSecret99@localhost/tmp/x.db":      "Secret99",
+		"postgres://u:esc%zzSecret97@127.0.0.1:1/db":        "Secret97",
+		"mysql://u:esc%zzSecret96@127.0.0.1:1/db":           "Secret96",
+		"mysql://u:pa@atSecret95@127.0.0.1:1/db?timeout=1s": "atSecret95",
+		"postgres://u:sp ace Secret94@127.0.0.1:1/db":       "Secret94",
+		"postgres://u:sl/ash Secret93@127.0.0.1:1/db":       "Secret93",
+		"mysql://u:pa@atSecret92@tcp(127.0.0.1:1)/db?x=%zz": "atSecret92",
+	} {
+		for _, args := range [][]string{{"status"}, {"doctor", "--json"}, {"migrate", "sql"}, {"migrate", "up"}} {
+			r := runRaw(t, u, args...)
+			if (r.code == 0 && args[0] != "migrate") || strings.Contains(r.stdout+r.stderr, fragment) {
+				t.Errorf("txoutbox %v on %s: exit %d, the output holds the password:\n%s%s", args, u, r.code, r.stdout, r.stderr)
+			}
+		}
+	}
+}
+
+func TestCheckURL(t *testing.T) {
+	t.Parallel()
+	for u, ok := range map[string]bool{
+		"postgres://u:p%40ss@db:5432/app?sslmode=require": true,
+		"postgres://db:5432/app?options=-c%20x@y":         true,
+		"postgres://db:5432/my@db":                        true,
+		"postgres://[::1]:5432/app":                       true,
+		"mysql://u:p@ss@tcp(db:3306)/app":                 true,
+		"mysql://u:pw@db/app?tls=true":                    true,
+		"sqlite:///var/lib/app.db":                        true,
+		"sqlite:app.db":                                   true,
+		"postgres:":                                       true,
+		"postgres://u:p@ss@db/app":                        false,
+		"postgres://u:p/ss@db/app":                        false,
+		"host=db password=x":                              false,
+		"://x":                                            false,
+		"postgres://u:p%zz@db/app":                        false,
+	} {
+		if err := checkURL(u); (err == nil) != ok {
+			t.Errorf("checkURL(%q) = %v, want ok %v", u, err, ok)
+		}
+	}
+}
