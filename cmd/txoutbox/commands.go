@@ -372,7 +372,7 @@ var cmdMigrateStatus = &command{
 			if len(st.Applied) > 0 {
 				fmt.Fprintln(w, "\nVERSION\tNAME\tAPPLIED AT")
 				for _, a := range st.Applied {
-					fmt.Fprintf(w, "%d\t%s\t%s\n", a.Version, a.Name, formatTime(a.AppliedAt))
+					fmt.Fprintf(w, "%d\t%s\t%s\n", a.Version, safetext.Quote(a.Name), formatTime(a.AppliedAt))
 				}
 			}
 		})
