@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -449,16 +448,11 @@ func migrationsFor(o options) ([]storage.Migration, error) {
 	scheme, _, _ := strings.Cut(o.url, ":")
 	switch strings.ToLower(scheme) {
 	case "sqlite", "file":
-		db, err := sql.Open(sqlite.DriverName, "file:unused?mode=memory") // never connected
-		if err != nil {
-			return nil, err
-		}
-		defer func() { _ = db.Close() }()
-		s, err := sqlite.New(db, sqlite.Config{Table: o.table})
+		migs, err := sqlite.Migrations(sqlite.Config{Table: o.table})
 		if err != nil {
 			return nil, usageError{err.Error()}
 		}
-		return s.Migrations(), nil
+		return migs, nil
 	case "postgres", "postgresql":
 		if !strings.Contains(o.url, "//") {
 			o.url = "postgres://localhost/unused" // never connected

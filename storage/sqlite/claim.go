@@ -10,78 +10,157 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/txoutbox/txoutbox/storage"
 )
 
+// maxID is larger than any id: the bound of a key's queue with no dead
+// record in it.
+const maxID = int64(1<<63 - 1)
+
 func (s *Storage) buildSQL() {
 	t := quote(s.table)
-	// A record is held back while an earlier pending record with the same key
-	// is not claimable now: not yet due, or leased and the lease not expired,
-	// that is max(due_at, leased_until) > now. An earlier claimable record is
-	// claimed before it (id order). The probe is a range scan of the partial
-	// index on (key, max(due_at, leased_until)), so it reads only the records
-	// that block, never the claimable ones queued before o; the filter must
-	// repeat the index's WHERE and expression for SQLite to use it.
+	// A dead record holds back the later records of its key when it was
+	// dead-lettered with HoldOnDeadLetter (hold = 'key'), or, with
+	// HoldOnDeadLetter, whatever storage dead-lettered it.
+	holding := `d.hold = 'key'`
+	if s.hold {
+		holding = `1`
+	}
+	deadBefore := func(alias string) string {
+		return fmt.Sprintf(`EXISTS (SELECT 1 FROM %s AS d
+        WHERE d.status = 'dead' AND d."key" <> '' AND d."key" = %[2]s."key" AND d.id < %[2]s.id AND %[3]s)`, t, alias, holding)
+	}
+
+	// visible is the VisibilityDelay cutoff, on created_at, which Insert
+	// keeps increasing in id order: the records not yet visible are the
+	// newest ones, so an earlier record of a key is never hidden while a
+	// later one shows.
+	visible := ""
+	if s.visibilityDelay > 0 {
+		visible = ` AND o.created_at <= ?4`
+	}
+	// The strict-ordering check of a candidate o: no earlier pending record
+	// of its key is set aside, waiting for its retry or leased (it reads
+	// the key's earlier pending records in id order and stops at the first
+	// that blocks; a candidate is almost always its key's first), and no
+	// earlier dead record holds the key.
 	strict := ""
 	if s.strict {
 		strict = fmt.Sprintf(`
       AND (o."key" = '' OR NOT EXISTS (
         SELECT 1 FROM %[1]s AS e
-        WHERE e.status = 'pending' AND e."key" <> '' AND e."key" = o."key"
-          AND max(e.due_at, ifnull(e.leased_until, 0)) > ?3 AND e.id < o.id))`, t)
-	}
-	if s.hold {
-		// A dead record holds its key until re-driven or skipped; and a
-		// record that failed before is claimed without the later records of
-		// its key, which must not be in a forwarder's batch if this attempt
-		// dead-letters it. Both probes read small partial indexes.
-		strict += fmt.Sprintf(`
+        WHERE e.status = 'pending' AND e."key" <> '' AND e."key" = o."key" AND e.id < o.id
+          AND (e.hold IS NOT NULL OR e.due_at > ?3 OR e.leased_until > ?3)))
+      AND (o."key" = '' OR NOT %[2]s)`, t, deadBefore("o"))
+		if s.hold {
+			// A record that failed before is claimed without the later
+			// records of its key, which must not be in a forwarder's batch
+			// if this attempt dead-letters it.
+			strict += fmt.Sprintf(`
       AND (o."key" = '' OR NOT EXISTS (
-        SELECT 1 FROM %[1]s AS d
-        WHERE d.status = 'dead' AND d."key" <> '' AND d."key" = o."key" AND d.id < o.id))
-      AND (o."key" = '' OR NOT EXISTS (
-        SELECT 1 FROM %[1]s AS f
+        SELECT 1 FROM %s AS f
         WHERE f.status = 'pending' AND f."key" <> '' AND f.last_error IS NOT NULL
           AND f."key" = o."key" AND f.id < o.id))`, t)
+		}
 	}
-	claimable := fmt.Sprintf(`o.status = 'pending' AND o.due_at <= ?3
-      AND (o.leased_until IS NULL OR o.leased_until <= ?3)
-      AND o.created_at <= ?4%s`, strict)
+	// The records a claim walks: pending, not set aside, due, not leased.
+	claimable := fmt.Sprintf(`o.status = 'pending' AND o.hold IS NULL AND o.due_at <= ?3
+      AND (o.leased_until IS NULL OR o.leased_until <= ?3)%s%s`, visible, strict)
 	// A read, outside any transaction: in WAL mode it takes no lock that a
 	// writer waits for, so a claim that finds nothing never holds up the
-	// application's writes.
-	s.probeSQL = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s AS o WHERE %s)`, t, claimable)
-	// One statement: SQLite takes the write lock when the statement starts
-	// (before it reads), so no other claimer can claim the same rows, and the
-	// busy timeout applies to that wait whatever the transaction's BEGIN mode.
+	// application's writes. A record whose retry is due counts: the claim
+	// puts it back first.
+	s.probeSQL = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s AS o WHERE %[2]s)
+    OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= ?3)`, t, claimable)
+
+	// The hold a pending record gets when it is handed back or comes due
+	// (due is its due time): 'retry' while not due, 'behind' while an
+	// earlier record of its key is pending or holds it dead (strict
+	// ordering only), else none.
+	holdRule := func(alias, due string) string {
+		rule := fmt.Sprintf(`CASE WHEN %s > :now THEN 'retry'`, due)
+		if s.strict {
+			rule += fmt.Sprintf(`
+        WHEN %[2]s."key" <> '' AND (EXISTS (SELECT 1 FROM %[1]s AS e
+            WHERE e.status = 'pending' AND e."key" <> '' AND e."key" = %[2]s."key" AND e.id < %[2]s.id)
+          OR %[3]s) THEN 'behind'`, t, alias, deadBefore(alias))
+		}
+		return rule + ` END`
+	}
+	// Records whose retry is due go back to the walk (or behind an earlier
+	// record of their key), a batch at a time, before the walk.
+	s.dueSQL = fmt.Sprintf(`UPDATE %[1]s SET hold = %[2]s
+WHERE id IN (SELECT id FROM %[1]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= :now
+             ORDER BY due_at LIMIT :limit)`, t, holdRule(t, "due_at"))
+
+	// One statement, run after dueSQL in the same write transaction: the
+	// walk over the records that are not set aside, in id order.
 	s.claimSQL = fmt.Sprintf(`UPDATE %[1]s SET leased_by = ?1, leased_until = ?2, attempts = attempts + 1
 WHERE id IN (
     SELECT o.id FROM %[1]s AS o
     WHERE %[2]s
     ORDER BY o.id
     LIMIT ?5)
-RETURNING id, uuid, topic, "key", payload, metadata, attempts, created_at`, t, claimable)
+RETURNING %[3]s`, t, claimable, returned)
+
+	// The records queued behind the last record a claim took of a key, in
+	// id order, up to the first dead record that holds the key: the claim
+	// takes them while they are claimable (see takeAlong).
+	s.queueSQL = fmt.Sprintf(`SELECT id, hold, due_at, ifnull(leased_until, 0), created_at, last_error IS NOT NULL FROM %[1]s
+WHERE status = 'pending' AND "key" <> '' AND "key" = ?1 AND id > ?2
+  AND id < ifnull((SELECT min(d.id) FROM %[1]s AS d
+                   WHERE d.status = 'dead' AND d."key" <> '' AND d."key" = ?1 AND d.id > ?2 AND %[2]s), %[3]d)
+ORDER BY id LIMIT ?3`, t, holding, maxID)
+	s.alongSQL = fmt.Sprintf(`UPDATE %s SET leased_by = ?1, leased_until = ?2, attempts = attempts + 1, hold = NULL
+WHERE id IN (SELECT value FROM json_each(?3)) AND status = 'pending'
+RETURNING %s`, t, returned)
 
 	// Write-backs are fenced on leased_by; ids come as one JSON array so any
-	// number fits in one statement.
+	// number fits in one statement. A record that leaves the pending state
+	// sets the next record of its key free (the schema's triggers).
 	const ids = `id IN (SELECT value FROM json_each(?1))`
 	s.ackSQL = fmt.Sprintf(`UPDATE %s SET status = 'delivered', delivered_at = ?3, leased_by = NULL, leased_until = NULL
 WHERE %s AND leased_by = ?2 AND status = 'pending'`, t, ids)
-	s.relSQL = fmt.Sprintf(`UPDATE %s SET attempts = max(attempts - 1, 0), due_at = ?3, leased_by = NULL, leased_until = NULL
-WHERE %s AND leased_by = ?2 AND status = 'pending'`, t, ids)
-	s.nackSQL = fmt.Sprintf(`UPDATE %s SET last_error = ?3, due_at = ?4, leased_by = NULL, leased_until = NULL
-WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t)
+	s.relSQL = fmt.Sprintf(`UPDATE %s SET attempts = max(attempts - 1, 0), due_at = ?3, leased_by = NULL, leased_until = NULL,
+    hold = %s
+WHERE %s AND leased_by = ?2 AND status = 'pending'`, t, holdRule(t, "?3"), ids)
+	s.nackSQL = fmt.Sprintf(`UPDATE %s SET last_error = ?3, due_at = ?4, leased_by = NULL, leased_until = NULL,
+    hold = %s
+WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t, holdRule(t, "?4"))
 	s.extendSQL = fmt.Sprintf(`UPDATE %s SET leased_until = ?3
 WHERE %s AND leased_by = ?2 AND leased_until > ?4 AND status = 'pending'
 RETURNING id`, t, ids)
-	// A dead record's due_at is when it was dead-lettered.
-	s.deadSQL = fmt.Sprintf(`UPDATE %s SET status = 'dead', last_error = ?3, due_at = ?4, leased_by = NULL, leased_until = NULL
-WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t)
+	// A dead record's due_at is when it was dead-lettered; with
+	// HoldOnDeadLetter it holds its key (hold = 'key'), whatever storage
+	// claims next.
+	deadHold := `NULL`
+	if s.hold {
+		deadHold = `CASE WHEN "key" <> '' THEN 'key' END`
+	}
+	s.deadSQL = fmt.Sprintf(`UPDATE %s SET status = 'dead', last_error = ?3, due_at = ?4, leased_by = NULL, leased_until = NULL,
+    hold = %s
+WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t, deadHold)
+	s.redriveSet = fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL, due_at = 0,
+    leased_by = NULL, leased_until = NULL, hold = %s WHERE status = 'dead' AND `, t, holdRule(t, "0"))
+	// The insert's hold for the first record of a key in one Insert (the
+	// later ones are behind it): behind any pending record of the key, or a
+	// dead one that holds it.
+	if s.strict {
+		s.insertHold = fmt.Sprintf(`CASE WHEN EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending' AND "key" <> '' AND "key" = ?)
+    OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'dead' AND "key" <> '' AND "key" = ? AND hold = 'key') THEN 'behind' END`, t)
+	}
 }
 
-// Claim implements [storage.Storage]. It is one write transaction: select the
-// claimable records in id order, lease them and count the attempt.
+// returned are the columns a claim returns.
+const returned = `id, uuid, topic, "key", payload, metadata, attempts, created_at, last_error IS NOT NULL`
+
+// Claim implements [storage.Storage]. It is one write transaction: put the
+// records whose retry is due back in the walk, walk the records that are
+// not set aside in id order, then take the records queued right behind the
+// keys it took (see takeAlong); each claimed record is leased and its
+// attempt counted.
 func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]storage.Record, error) {
 	switch {
 	case params.BatchSize <= 0:
@@ -110,21 +189,31 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 	}
 	var records []storage.Record
 	err = s.write(ctx, func(ctx context.Context) error {
+		records = records[:0]
 		now := s.now()
 		tx, err := s.db.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = tx.Rollback() }()
+		if _, err := tx.ExecContext(ctx, s.dueSQL, sql.Named("now", nanos(now)), sql.Named("limit", params.BatchSize)); err != nil {
+			return err
+		}
+		leasedUntil := nanos(now.Add(params.Lease))
 		rows, err := tx.QueryContext(ctx, s.claimSQL,
-			params.WorkerID, nanos(now.Add(params.Lease)), nanos(now),
-			nanos(now.Add(-s.visibilityDelay)), params.BatchSize)
+			params.WorkerID, leasedUntil, nanos(now), nanos(now.Add(-s.visibilityDelay)), params.BatchSize)
 		if err != nil {
 			return err
 		}
-		records, err = scanRecords(rows, params.BatchSize)
+		var failed []bool
+		records, failed, err = scanRecords(rows, params.BatchSize, records, failed)
 		if err != nil {
 			return err
+		}
+		if len(records) < params.BatchSize {
+			if records, err = s.takeAlong(ctx, tx, params, now, records, failed); err != nil {
+				return err
+			}
 		}
 		return tx.Commit()
 	})
@@ -136,17 +225,98 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 	return records, nil
 }
 
-func scanRecords(rows *sql.Rows, capacity int) ([]storage.Record, error) {
+// takeAlong fills the room the walk left in a claim with the records
+// queued right behind the keys it took, in each key's id order, while they
+// are claimable: a key's backlog waits set aside behind its first record
+// (Insert puts it there), so the walk reads one record per key, and the
+// claim then takes that key's next records without anyone setting them
+// free first. The room is shared evenly among the keys, in the order the
+// walk met them. A key whose last record taken failed before is left alone
+// with HoldOnDeadLetter: that record is claimed without the rest of its
+// key.
+func (s *Storage) takeAlong(ctx context.Context, tx *sql.Tx, params storage.ClaimParams, now time.Time,
+	records []storage.Record, failed []bool) ([]storage.Record, error) {
+	type key struct {
+		name   string
+		last   int64
+		failed bool
+	}
+	var keys []key
+	index := map[string]int{}
+	for i, r := range records {
+		if r.Key == "" {
+			continue
+		}
+		j, ok := index[r.Key]
+		if !ok {
+			j = len(keys)
+			index[r.Key] = j
+			keys = append(keys, key{name: r.Key})
+		}
+		keys[j].last = max(keys[j].last, r.ID)
+		keys[j].failed = keys[j].failed || failed[i]
+	}
+	room := params.BatchSize - len(records)
+	cutoff := nanos(now.Add(-s.visibilityDelay))
+	var take []int64
+	for i, k := range keys {
+		share := (room - len(take) + len(keys) - i - 1) / (len(keys) - i)
+		if share <= 0 || (s.hold && k.failed) {
+			continue
+		}
+		rows, err := tx.QueryContext(ctx, s.queueSQL, k.name, k.last, share)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var (
+				id, due, leased, created int64
+				hold                     sql.NullString
+				failedBefore             bool
+			)
+			if err := rows.Scan(&id, &hold, &due, &leased, &created, &failedBefore); err != nil {
+				_ = rows.Close()
+				return nil, err
+			}
+			claimable := (!hold.Valid || hold.String == "behind" || hold.String == "retry") &&
+				due <= nanos(now) && leased <= nanos(now) && (s.visibilityDelay == 0 || created <= cutoff) &&
+				!(s.hold && failedBefore)
+			if !claimable {
+				break
+			}
+			take = append(take, id)
+		}
+		if err := rows.Close(); err != nil {
+			return nil, err
+		}
+	}
+	if len(take) == 0 {
+		return records, nil
+	}
+	rows, err := tx.QueryContext(ctx, s.alongSQL, params.WorkerID, nanos(now.Add(params.Lease)), idsJSON(take))
+	if err != nil {
+		return nil, err
+	}
+	records, _, err = scanRecords(rows, len(take), records, nil)
+	return records, err
+}
+
+// scanRecords appends the claimed records rows returns to records, and
+// whether each failed before to failed.
+func scanRecords(rows *sql.Rows, capacity int, records []storage.Record, failed []bool) ([]storage.Record, []bool, error) {
 	defer func() { _ = rows.Close() }()
-	records := make([]storage.Record, 0, min(capacity, 1024))
+	if records == nil {
+		records = make([]storage.Record, 0, min(capacity, 1024))
+	}
 	for rows.Next() {
 		var (
-			r        storage.Record
-			metadata sql.NullString
-			created  int64
+			r            storage.Record
+			metadata     sql.NullString
+			created      int64
+			failedBefore bool
 		)
-		if err := rows.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &metadata, &r.Attempts, &created); err != nil {
-			return nil, err
+		if err := rows.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &metadata, &r.Attempts, &created, &failedBefore); err != nil {
+			return nil, nil, err
 		}
 		r.CreatedAt = fromNanos(created)
 		if metadata.Valid && metadata.String != "" {
@@ -156,11 +326,12 @@ func scanRecords(rows *sql.Rows, capacity int) ([]storage.Record, error) {
 			}
 		}
 		records = append(records, r)
+		failed = append(failed, failedBefore)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return records, rows.Close()
+	return records, failed, rows.Close()
 }
 
 // Ack implements [storage.Storage].
@@ -179,7 +350,8 @@ func (s *Storage) Nack(ctx context.Context, params storage.NackParams) error {
 	if params.WorkerID == "" {
 		return nil
 	}
-	if err := s.exec(ctx, s.nackSQL, params.ID, params.WorkerID, params.Error, nanos(params.RetryAt)); err != nil {
+	if err := s.exec(ctx, s.nackSQL, params.ID, params.WorkerID, params.Error, nanos(params.RetryAt),
+		sql.Named("now", nanos(s.now()))); err != nil {
 		return fmt.Errorf("nack outbox record %d: %w", params.ID, err)
 	}
 	return nil
@@ -190,7 +362,8 @@ func (s *Storage) Release(ctx context.Context, params storage.ReleaseParams) err
 	if len(params.IDs) == 0 || params.WorkerID == "" {
 		return nil
 	}
-	if err := s.exec(ctx, s.relSQL, idsJSON(params.IDs), params.WorkerID, nanos(params.RetryAt)); err != nil {
+	if err := s.exec(ctx, s.relSQL, idsJSON(params.IDs), params.WorkerID, nanos(params.RetryAt),
+		sql.Named("now", nanos(s.now()))); err != nil {
 		return fmt.Errorf("release %d outbox records: %w", len(params.IDs), err)
 	}
 	return nil

@@ -149,7 +149,7 @@ func ExampleStorage_Migrate() {
 	}
 	fmt.Println("re-driven:", n)
 	// Output:
-	// schema version 2 of 2
+	// schema version 4 of 4
 	// key o-1 held by record 1 (dead), 1 behind
 	// dead: 1 {"v":1} "schema rejected"
 	// re-driven: 1

@@ -32,7 +32,10 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
     (SELECT count(*) FROM %[1]s WHERE status = 'pending' AND leased_until > ?1),
     (SELECT count(*) FROM %[1]s WHERE status = 'delivered'),
     (SELECT count(*) FROM %[1]s WHERE status = 'dead'),
-    (SELECT created_at FROM %[1]s WHERE status = 'pending' ORDER BY id LIMIT 1),
+    (SELECT created_at FROM %[1]s WHERE id = (SELECT min(id) FROM (
+        SELECT min(id) AS id FROM %[1]s WHERE status = 'pending' AND hold IS NULL
+        UNION ALL SELECT min(id) FROM %[1]s WHERE status = 'pending' AND hold = 'retry'
+        UNION ALL SELECT min(id) FROM %[1]s WHERE status = 'pending' AND hold = 'behind'))),
     (SELECT count(*) FROM %[2]s),
     (SELECT count(DISTINCT leased_by) FROM %[1]s WHERE status = 'pending' AND leased_until > ?1),
     (%[3]s)`, t, quote(s.SkippedTable()), s.heldKeysSQL(true)),
@@ -80,28 +83,28 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 // Redrive implements [storage.Maintainer]: the selected dead-lettered records
 // become pending, due at once, with attempts and last error cleared, in one
 // statement. They keep their ids, so each key's records are claimed again in
-// id order.
+// id order; a re-driven record with an earlier pending record of its key
+// waits behind it.
 func (s *Storage) Redrive(ctx context.Context, params storage.RedriveParams) (int64, error) {
 	if err := params.Validate(); err != nil {
 		return 0, fmt.Errorf("redrive outbox records: %w", err)
 	}
-	set := fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL, due_at = 0,
-    leased_by = NULL, leased_until = NULL WHERE status = 'dead' AND `, quote(s.table))
+	set := s.redriveSet
 	var query string
 	var arg any
 	switch {
 	case params.Topic != "":
-		query, arg = set+`topic = ?1`, params.Topic
+		query, arg = set+`topic = :by`, params.Topic
 	case params.Key != "":
-		query, arg = set+`"key" = ?1`, params.Key
+		query, arg = set+`"key" = :by`, params.Key
 	case params.All:
-		query, arg = set+`?1`, true
+		query, arg = set+`:by`, true
 	default:
-		query, arg = set+`id IN (SELECT value FROM json_each(?1))`, idsJSON(params.IDs)
+		query, arg = set+`id IN (SELECT value FROM json_each(:by))`, idsJSON(params.IDs)
 	}
 	var n int64
 	err := s.write(ctx, func(ctx context.Context) error {
-		res, err := s.db.ExecContext(ctx, query, arg)
+		res, err := s.db.ExecContext(ctx, query, sql.Named("by", arg), sql.Named("now", nanos(s.now())))
 		if err != nil {
 			return err
 		}

@@ -39,7 +39,8 @@ func (s *Storage) render(sqlText string) string {
 
 // Migrations implements [storage.Migrator]: the steps with their SQL for
 // this storage's table, to export to golang-migrate, goose or Atlas. Every
-// up step is idempotent (IF NOT EXISTS).
+// up step is idempotent (IF NOT EXISTS) but step 3, which adds a column
+// (SQLite has no ADD COLUMN IF NOT EXISTS).
 //
 // Each step ends by recording itself in [Storage.MigrationTable] (created
 // when missing), and each down step by deleting its row, so that a schema
@@ -76,7 +77,8 @@ func (s *Storage) versionTableSQL() string {
 // indexes and the skipped table at the latest version: every up step of
 // [Storage.Migrations] in order, each recording itself in the version
 // table, for your migration tool. They are idempotent (IF NOT EXISTS, OR
-// IGNORE); a database made from them is at the latest version for Migrate.
+// IGNORE) but step 3's ADD COLUMN; a database made from them is at the
+// latest version for Migrate.
 //
 // Timestamps (created_at, due_at, leased_until, delivered_at) are INTEGER
 // Unix nanoseconds from the application clock: comparisons are exact integer
@@ -213,7 +215,7 @@ func schemaObjects(ctx context.Context, q interface {
 	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
 }, table string) (map[string]string, error) {
 	rows, err := q.QueryContext(ctx, `SELECT name, ifnull(sql, '') FROM sqlite_master
-WHERE type IN ('table', 'index') AND (name = ?1 OR tbl_name = ?1 OR name = ?1 || '_skipped') AND name <> ?1 || '_migrations'`, table)
+WHERE type IN ('table', 'index', 'trigger') AND (name = ?1 OR tbl_name = ?1 OR name = ?1 || '_skipped') AND name <> ?1 || '_migrations'`, table)
 	if err != nil {
 		return nil, err
 	}

@@ -140,11 +140,39 @@ func TestMigrateFromEveryVersionWithRecordsInFlight(t *testing.T) {
 					}
 				}
 			}
-			// Records in every state, the highest id purged (ids must not be reused).
-			all := insert(t, s, rec("t", "a"), rec("t", "a"), rec("t", "b"), rec("t", "c"), rec("t", ""), rec("t", "d"), rec("t", "a"), rec("t", "e"))
-			claimed := claim(t, s, 100, time.Minute, "w1") // a1 a2 b c keyless d e... (a3 too: same key, claimable)
-			if len(claimed) != len(all) {
-				t.Fatalf("claimed %v", ids(claimed))
+			// Records in every state, as the code of version `from` left
+			// them, the highest id purged (ids must not be reused): a1
+			// leased by w1, a2 and a3 given back, b delivered, c dead, a
+			// keyless one pending, d waiting for its retry, e delivered and
+			// purged.
+			now := nanos(clock.Now())
+			lease, retry := nanos(clock.Now().Add(time.Minute)), nanos(clock.Now().Add(time.Second))
+			var all []int64
+			for _, r := range []struct {
+				key, status, leasedBy, lastError string
+				attempts                         int
+				leasedUntil, dueAt, deliveredAt  any
+			}{
+				{"a", "pending", "w1", "", 1, lease, 0, nil},
+				{"a", "pending", "", "", 0, nil, now, nil},
+				{"b", "delivered", "", "", 1, nil, 0, now},
+				{"c", "dead", "", "poison", 1, nil, now, nil},
+				{"", "pending", "", "", 0, nil, now, nil},
+				{"d", "pending", "", "later", 1, nil, retry, nil},
+				{"a", "pending", "", "", 0, nil, now, nil},
+				{"e", "delivered", "", "", 1, nil, 0, now},
+			} {
+				res, err := db.Exec(`INSERT INTO outbox (uuid, topic, "key", payload, metadata, created_at, due_at, attempts,
+    leased_by, leased_until, status, last_error, delivered_at) VALUES (?, 't', ?, x'70', NULL, ?, ?, ?, nullif(?, ''), ?, ?, nullif(?, ''), ?)`,
+					fmt.Sprint("u", len(all)), r.key, now, r.dueAt, r.attempts, r.leasedBy, r.leasedUntil, r.status, r.lastError, r.deliveredAt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				id, err := res.LastInsertId()
+				if err != nil {
+					t.Fatal(err)
+				}
+				all = append(all, id)
 			}
 			must := func(err error) {
 				t.Helper()
@@ -152,12 +180,7 @@ func TestMigrateFromEveryVersionWithRecordsInFlight(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			must(s.Ack(ctx, storage.AckParams{IDs: []int64{all[2]}, WorkerID: "w1"}))                                                // b delivered
-			must(s.DeadLetter(ctx, storage.DeadLetterParams{ID: all[3], WorkerID: "w1", Error: "poison"}))                           // c dead
-			must(s.Nack(ctx, storage.NackParams{ID: all[5], WorkerID: "w1", Error: "later", RetryAt: clock.Now().Add(time.Second)})) // d retry
-			must(s.Release(ctx, storage.ReleaseParams{IDs: []int64{all[1], all[4], all[6]}, WorkerID: "w1", RetryAt: clock.Now()}))  // pending
-			must(s.Ack(ctx, storage.AckParams{IDs: []int64{all[7]}, WorkerID: "w1"}))                                                // e delivered...
-			if _, err := db.Exec(`DELETE FROM outbox WHERE id = ?`, all[7]); err != nil {                                            //                                                ... and purged
+			if _, err := db.Exec(`DELETE FROM outbox WHERE id = ?`, all[7]); err != nil {
 				t.Fatal(err)
 			}
 			// all[0] (a1) stays leased by w1.
@@ -280,20 +303,20 @@ func TestDiagnose(t *testing.T) {
 		if f := find(t, s, "schema drift"); f.Severity != storage.SeverityOK {
 			t.Fatalf("fresh schema: %+v", f)
 		}
-		if _, err := s.db.Exec(`DROP INDEX outbox_pending_key`); err != nil {
+		if _, err := s.db.Exec(`DROP INDEX outbox_pending_key_id`); err != nil {
 			t.Fatal(err)
 		}
-		if f := find(t, s, "schema drift"); f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, "outbox_pending_key is missing") {
+		if f := find(t, s, "schema drift"); f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, "outbox_pending_key_id is missing") {
 			t.Fatalf("after dropping an index: %+v", f)
 		}
 	})
 	t.Run("AlteredAndExtraIndex", func(t *testing.T) {
 		t.Parallel()
 		s := newTestStorage(t, Config{})
-		if _, err := s.db.Exec(`DROP INDEX outbox_pending; CREATE INDEX outbox_pending ON outbox (id); CREATE INDEX mine ON outbox (topic)`); err != nil {
+		if _, err := s.db.Exec(`DROP INDEX outbox_pending_hold; CREATE INDEX outbox_pending_hold ON outbox (id); CREATE INDEX mine ON outbox (topic)`); err != nil {
 			t.Fatal(err)
 		}
-		if f := find(t, s, "schema drift"); f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, `outbox_pending differs: found "CREATE INDEX outbox_pending ON outbox (id)", expected "CREATE INDEX`) {
+		if f := find(t, s, "schema drift"); f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, `outbox_pending_hold differs: found "CREATE INDEX outbox_pending_hold ON outbox (id)", expected "CREATE INDEX`) {
 			t.Fatalf("after altering an index: %+v", f)
 		}
 	})
@@ -317,10 +340,7 @@ func TestDiagnose(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer db.Close()
-		s, err := New(db, Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := newStorage(db, Config{}) // New refuses it; a file can leave WAL mode under a running storage
 		if err := s.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}

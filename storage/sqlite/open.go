@@ -1,7 +1,9 @@
 package sqlite
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -73,4 +75,53 @@ func dsn(path string) string {
 		escaped = "/" + strings.TrimLeft(escaped, "/")
 	}
 	return "file:" + escaped + "?" + DSNParams
+}
+
+// ErrDatabaseSettings is wrapped by the error of [New] for a database not
+// opened with the settings an outbox shared by producers and forwarders
+// needs ([DSNParams]): with a plain sql.Open, producers' transactions fail
+// with SQLITE_BUSY while a forwarder runs.
+var ErrDatabaseSettings = errors.New("sqlite database not opened with the outbox's settings")
+
+// checkSettings reports, in one error, every setting of [DSNParams] that db
+// lacks and that producers and forwarders sharing the file need: WAL, a
+// busy timeout, and write transactions that take the write lock at BEGIN.
+// Without them producers' transactions fail with SQLITE_BUSY while a
+// forwarder runs.
+func checkSettings(ctx context.Context, db *sql.DB) error {
+	var problems []string
+	var mode string
+	if err := db.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
+		return fmt.Errorf("read journal_mode: %w", err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		problems = append(problems, fmt.Sprintf("journal_mode is %q, not wal (readers and the writer block each other)", mode))
+	}
+	var busy int
+	if err := db.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
+		return fmt.Errorf("read busy_timeout: %w", err)
+	}
+	if busy <= 0 {
+		problems = append(problems, "busy_timeout is 0 (a second writer fails at once with SQLITE_BUSY)")
+	}
+	// A transaction that holds the write lock cannot checkpoint the WAL
+	// (SQLITE_LOCKED); one begun with a plain BEGIN holds no lock before its
+	// first statement and can (NOOP: nothing is written). A BEGIN that
+	// waits for the lock, or is refused it, is a BEGIN IMMEDIATE too.
+	if problems == nil {
+		tx, err := db.BeginTx(ctx, nil)
+		if err == nil {
+			var busy, log, done int
+			err = tx.QueryRowContext(ctx, `PRAGMA wal_checkpoint(NOOP)`).Scan(&busy, &log, &done)
+			_ = tx.Rollback()
+			if err == nil {
+				problems = append(problems, "transactions begin DEFERRED, not IMMEDIATE (a transaction that reads first fails with SQLITE_BUSY when another commits)")
+			}
+		}
+	}
+	if problems != nil {
+		return fmt.Errorf("%w: %s: open it with sqlite.Open(path), or add sqlite.DSNParams to your data source name",
+			ErrDatabaseSettings, strings.Join(problems, "; "))
+	}
+	return nil
 }

@@ -12,9 +12,10 @@ import (
 
 // heldKeysSQL lists (or counts) the held keys. Parameters: ?1 now, ?2 hold
 // on dead-letter, ?3 list keys after this one, ?4 limit (-1: none). A key's
-// head is its first pending record, or its first dead one with ?2; the key
-// is held when the head is dead, or is not claimable (leased or waiting for
-// its retry) with records waiting behind it.
+// head is its first pending record, or its first dead one that holds it
+// (dead-lettered with HoldOnDeadLetter, or any with ?2); the key is held
+// when the head is dead, or is not claimable (leased or waiting for its
+// retry) with records waiting behind it.
 func (s *Storage) heldKeysSQL(count bool) string {
 	if !s.strict {
 		if count {
@@ -33,14 +34,15 @@ func (s *Storage) heldKeysSQL(count bool) string {
     FROM (
         -- Each key's first pending record, read in key order from the
         -- pending keyed index (no sort), moved back to the key's first dead
-        -- record with ?2; then the keys with dead records only.
-        SELECT p."key", CASE WHEN ?2 THEN min(p.id, ifnull((SELECT min(d.id) FROM %[1]s AS d
-                WHERE d.status = 'dead' AND d."key" <> '' AND d."key" = p."key"), p.id)) ELSE p.id END AS id
+        -- record that holds it (any with ?2); then the keys with such dead
+        -- records only.
+        SELECT p."key", min(p.id, ifnull((SELECT min(d.id) FROM %[1]s AS d
+                WHERE d.status = 'dead' AND d."key" <> '' AND d."key" = p."key" AND (?2 OR d.hold = 'key')), p.id)) AS id
         FROM (SELECT "key", min(id) AS id FROM %[1]s
               WHERE status = 'pending' AND "key" <> '' AND "key" > ?3 GROUP BY "key") AS p
         UNION ALL
         SELECT "key", min(id) FROM %[1]s AS d
-        WHERE ?2 AND d.status = 'dead' AND d."key" <> '' AND d."key" > ?3
+        WHERE d.status = 'dead' AND d."key" <> '' AND d."key" > ?3 AND (?2 OR d.hold = 'key')
           AND NOT EXISTS (SELECT 1 FROM %[1]s AS e WHERE e.status = 'pending' AND e."key" <> '' AND e."key" = d."key")
         GROUP BY "key") AS h
     JOIN %[1]s AS o ON o.id = h.id

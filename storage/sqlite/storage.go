@@ -92,13 +92,18 @@ type Storage struct {
 	// sleeps of up to 100 ms.
 	writeSem chan struct{}
 
-	probeSQL  string
-	claimSQL  string
-	ackSQL    string
-	nackSQL   string
-	relSQL    string
-	deadSQL   string
-	extendSQL string
+	probeSQL   string
+	dueSQL     string
+	claimSQL   string
+	queueSQL   string
+	alongSQL   string
+	ackSQL     string
+	nackSQL    string
+	relSQL     string
+	deadSQL    string
+	extendSQL  string
+	redriveSet string
+	insertHold string // "" without strict ordering
 }
 
 var (
@@ -113,8 +118,10 @@ var (
 	_ storage.DeadLetterHolder = (*Storage)(nil)
 )
 
-// New returns a Storage over db, which should come from [Open] (or carry the
-// same settings, see [DSNParams]). It does not create the table: call
+// New returns a Storage over db, which must come from [Open] or carry the
+// same settings ([DSNParams]): New refuses a database without WAL, a busy
+// timeout or BEGIN IMMEDIATE, with an error that says what is missing
+// (wrapping [ErrDatabaseSettings]). It does not create the table: call
 // [Storage.Migrate] or run [Storage.Migrations] in your migration tool.
 func New(db *sql.DB, config Config) (*Storage, error) {
 	if db == nil {
@@ -124,6 +131,31 @@ func New(db *sql.DB, config Config) (*Storage, error) {
 	if err := config.Validate(); err != nil {
 		return nil, fmt.Errorf("new sqlite storage: %w", err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), newTimeout)
+	defer cancel()
+	if err := checkSettings(ctx, db); err != nil {
+		return nil, fmt.Errorf("new sqlite storage: %w", err)
+	}
+	return newStorage(db, config), nil
+}
+
+// newTimeout bounds New's look at the database's settings; a BEGIN
+// IMMEDIATE waits up to the busy timeout for another writer.
+const newTimeout = 10 * time.Second
+
+// Migrations returns the schema steps for config's table, as
+// [Storage.Migrations] does, without a database: for tools that print or
+// export them.
+func Migrations(config Config) ([]storage.Migration, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("sqlite migrations: %w", err)
+	}
+	return newStorage(nil, config).Migrations(), nil
+}
+
+func newStorage(db *sql.DB, config Config) *Storage {
+	config.setDefaults()
 	s := &Storage{
 		db:              db,
 		table:           config.Table,
@@ -134,7 +166,7 @@ func New(db *sql.DB, config Config) (*Storage, error) {
 		writeSem:        make(chan struct{}, 1),
 	}
 	s.buildSQL()
-	return s, nil
+	return s
 }
 
 // Table returns the outbox table name.
