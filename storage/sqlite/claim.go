@@ -21,6 +21,7 @@ const maxID = int64(1<<63 - 1)
 
 func (s *Storage) buildSQL() {
 	t := quote(s.table)
+	retryIndex := quote(s.table + "_retry_due")
 	// A dead record holds back the later records of its key when it was
 	// dead-lettered with HoldOnDeadLetter (hold = 'key'), or, with
 	// HoldOnDeadLetter, whatever storage dead-lettered it.
@@ -73,7 +74,8 @@ func (s *Storage) buildSQL() {
 	// application's writes. A record whose retry is due counts: the claim
 	// puts it back first.
 	s.probeSQL = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s AS o WHERE %[2]s)
-    OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= ?3)`, t, claimable)
+    OR EXISTS (SELECT 1 FROM %[1]s INDEXED BY %[3]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= ?3)`,
+		t, claimable, retryIndex)
 
 	// The hold a pending record gets when it is handed back or comes due
 	// (due is its due time): 'retry' while not due, 'behind' while an
@@ -90,10 +92,12 @@ func (s *Storage) buildSQL() {
 		return rule + ` END`
 	}
 	// Records whose retry is due go back to the walk (or behind an earlier
-	// record of their key), a batch at a time, before the walk.
+	// record of their key), a batch at a time, before the walk. They are
+	// found by due time (INDEXED BY: without statistics SQLite would read
+	// every record waiting for its retry through the (hold, id) index).
 	s.dueSQL = fmt.Sprintf(`UPDATE %[1]s SET hold = %[2]s
-WHERE id IN (SELECT id FROM %[1]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= :now
-             ORDER BY due_at LIMIT :limit)`, t, holdRule(t, "due_at"))
+WHERE id IN (SELECT id FROM %[1]s INDEXED BY %[3]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= :now
+             ORDER BY due_at LIMIT :limit)`, t, holdRule(t, "due_at"), retryIndex)
 
 	// One statement, run after dueSQL in the same write transaction: the
 	// walk over the records that are not set aside, in id order.
