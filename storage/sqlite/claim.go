@@ -71,10 +71,10 @@ func (s *Storage) buildSQL() {
       AND (o.leased_until IS NULL OR o.leased_until <= ?3)%s%s`, visible, strict)
 	// A read, outside any transaction: in WAL mode it takes no lock that a
 	// writer waits for, so a claim that finds nothing never holds up the
-	// application's writes. A record whose retry is due counts: the claim
-	// puts it back first.
-	s.probeSQL = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s AS o WHERE %[2]s)
-    OR EXISTS (SELECT 1 FROM %[1]s INDEXED BY %[3]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= ?3)`,
+	// application's writes. It also tells whether a record's retry is due,
+	// which the claim then puts back first.
+	s.probeSQL = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s AS o WHERE %[2]s),
+    EXISTS (SELECT 1 FROM %[1]s INDEXED BY %[3]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= ?3)`,
 		t, claimable, retryIndex)
 
 	// The hold a pending record gets when it is handed back or comes due
@@ -101,13 +101,16 @@ WHERE id IN (SELECT id FROM %[1]s INDEXED BY %[3]s WHERE status = 'pending' AND 
 
 	// One statement, run after dueSQL in the same write transaction: the
 	// walk over the records that are not set aside, in id order.
+	// It returns whether records are queued behind each one it took.
 	s.claimSQL = fmt.Sprintf(`UPDATE %[1]s SET leased_by = ?1, leased_until = ?2, attempts = attempts + 1
 WHERE id IN (
     SELECT o.id FROM %[1]s AS o
     WHERE %[2]s
     ORDER BY o.id
     LIMIT ?5)
-RETURNING %[3]s`, t, claimable, returned)
+RETURNING %[3]s,
+    "key" <> '' AND EXISTS (SELECT 1 FROM %[1]s AS q
+        WHERE q.status = 'pending' AND q."key" <> '' AND q."key" = %[1]s."key" AND q.id > %[1]s.id)`, t, claimable, returned)
 
 	// The records queued behind the last record a claim took of a key, in
 	// id order, up to the first dead record that holds the key: the claim
@@ -119,7 +122,7 @@ WHERE status = 'pending' AND "key" <> '' AND "key" = ?1 AND id > ?2
 ORDER BY id LIMIT ?3`, t, holding, maxID)
 	s.alongSQL = fmt.Sprintf(`UPDATE %s SET leased_by = ?1, leased_until = ?2, attempts = attempts + 1, hold = NULL
 WHERE id IN (SELECT value FROM json_each(?3)) AND status = 'pending'
-RETURNING %s`, t, returned)
+RETURNING %s, 0`, t, returned)
 
 	// Write-backs are fenced on leased_by; ids come as one JSON array so any
 	// number fits in one statement. A record that leaves the pending state
@@ -148,13 +151,6 @@ RETURNING id`, t, ids)
 WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t, deadHold)
 	s.redriveSet = fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL, due_at = 0,
     leased_by = NULL, leased_until = NULL, hold = %s WHERE status = 'dead' AND `, t, holdRule(t, "0"))
-	// The insert's hold for the first record of a key in one Insert (the
-	// later ones are behind it): behind any pending record of the key, or a
-	// dead one that holds it.
-	if s.strict {
-		s.insertHold = fmt.Sprintf(`CASE WHEN EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending' AND "key" <> '' AND "key" = ?)
-    OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'dead' AND "key" <> '' AND "key" = ? AND hold = 'key') THEN 'behind' END`, t)
-	}
 }
 
 // returned are the columns a claim returns.
@@ -179,16 +175,17 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 	// that waits in the busy handler, such as the application inserting the
 	// records the claims poll for.
 	now := s.now()
-	var found bool
+	var found, due bool
 	err := s.db.QueryRowContext(ctx, s.probeSQL,
-		params.WorkerID, nanos(now.Add(params.Lease)), nanos(now), nanos(now.Add(-s.visibilityDelay))).Scan(&found)
+		params.WorkerID, nanos(now.Add(params.Lease)), nanos(now), nanos(now.Add(-s.visibilityDelay))).Scan(&found, &due)
 	switch {
 	case isBusy(err):
 		// Only a database outside WAL mode, or in recovery, blocks a read:
 		// claim as before, waiting for the lock.
+		found, due = true, true
 	case err != nil:
 		return nil, fmt.Errorf("claim outbox records from %q: look for claimable records: %w", s.table, err)
-	case !found:
+	case !found && !due:
 		return nil, nil
 	}
 	var records []storage.Record
@@ -200,8 +197,10 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 			return err
 		}
 		defer func() { _ = tx.Rollback() }()
-		if _, err := tx.ExecContext(ctx, s.dueSQL, sql.Named("now", nanos(now)), sql.Named("limit", params.BatchSize)); err != nil {
-			return err
+		if due {
+			if _, err := tx.ExecContext(ctx, s.dueSQL, sql.Named("now", nanos(now)), sql.Named("limit", params.BatchSize)); err != nil {
+				return err
+			}
 		}
 		leasedUntil := nanos(now.Add(params.Lease))
 		rows, err := tx.QueryContext(ctx, s.claimSQL,
@@ -209,13 +208,13 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 		if err != nil {
 			return err
 		}
-		var failed []bool
-		records, failed, err = scanRecords(rows, params.BatchSize, records, failed)
+		var failed, queued []bool
+		records, failed, queued, err = scanRecords(rows, params.BatchSize, records)
 		if err != nil {
 			return err
 		}
-		if len(records) < params.BatchSize {
-			if records, err = s.takeAlong(ctx, tx, params, now, records, failed); err != nil {
+		if len(records) < params.BatchSize && slices.Contains(queued, true) {
+			if records, err = s.takeAlong(ctx, tx, params, now, records, failed, queued); err != nil {
 				return err
 			}
 		}
@@ -239,11 +238,11 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 // with HoldOnDeadLetter: that record is claimed without the rest of its
 // key.
 func (s *Storage) takeAlong(ctx context.Context, tx *sql.Tx, params storage.ClaimParams, now time.Time,
-	records []storage.Record, failed []bool) ([]storage.Record, error) {
+	records []storage.Record, failed, queued []bool) ([]storage.Record, error) {
 	type key struct {
-		name   string
-		last   int64
-		failed bool
+		name           string
+		last           int64
+		failed, queued bool
 	}
 	var keys []key
 	index := map[string]int{}
@@ -257,15 +256,18 @@ func (s *Storage) takeAlong(ctx context.Context, tx *sql.Tx, params storage.Clai
 			index[r.Key] = j
 			keys = append(keys, key{name: r.Key})
 		}
-		keys[j].last = max(keys[j].last, r.ID)
+		if r.ID > keys[j].last {
+			keys[j].last, keys[j].queued = r.ID, queued[i]
+		}
 		keys[j].failed = keys[j].failed || failed[i]
 	}
+	keys = slices.DeleteFunc(keys, func(k key) bool { return !k.queued || (s.hold && k.failed) })
 	room := params.BatchSize - len(records)
 	cutoff := nanos(now.Add(-s.visibilityDelay))
 	var take []int64
 	for i, k := range keys {
 		share := (room - len(take) + len(keys) - i - 1) / (len(keys) - i)
-		if share <= 0 || (s.hold && k.failed) {
+		if share <= 0 {
 			continue
 		}
 		rows, err := tx.QueryContext(ctx, s.queueSQL, k.name, k.last, share)
@@ -301,26 +303,26 @@ func (s *Storage) takeAlong(ctx context.Context, tx *sql.Tx, params storage.Clai
 	if err != nil {
 		return nil, err
 	}
-	records, _, err = scanRecords(rows, len(take), records, nil)
+	records, _, _, err = scanRecords(rows, len(take), records)
 	return records, err
 }
 
 // scanRecords appends the claimed records rows returns to records, and
-// whether each failed before to failed.
-func scanRecords(rows *sql.Rows, capacity int, records []storage.Record, failed []bool) ([]storage.Record, []bool, error) {
+// returns whether each failed before and has records queued behind it.
+func scanRecords(rows *sql.Rows, capacity int, records []storage.Record) (_ []storage.Record, failed, queued []bool, _ error) {
 	defer func() { _ = rows.Close() }()
 	if records == nil {
 		records = make([]storage.Record, 0, min(capacity, 1024))
 	}
 	for rows.Next() {
 		var (
-			r            storage.Record
-			metadata     sql.NullString
-			created      int64
-			failedBefore bool
+			r                    storage.Record
+			metadata             sql.NullString
+			created              int64
+			failedBefore, behind bool
 		)
-		if err := rows.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &metadata, &r.Attempts, &created, &failedBefore); err != nil {
-			return nil, nil, err
+		if err := rows.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &metadata, &r.Attempts, &created, &failedBefore, &behind); err != nil {
+			return nil, nil, nil, err
 		}
 		r.CreatedAt = fromNanos(created)
 		if metadata.Valid && metadata.String != "" {
@@ -330,12 +332,12 @@ func scanRecords(rows *sql.Rows, capacity int, records []storage.Record, failed 
 			}
 		}
 		records = append(records, r)
-		failed = append(failed, failedBefore)
+		failed, queued = append(failed, failedBefore), append(queued, behind)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return records, failed, rows.Close()
+	return records, failed, queued, rows.Close()
 }
 
 // Ack implements [storage.Storage].

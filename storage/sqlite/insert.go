@@ -11,7 +11,7 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
-// insertChunk is the most records one INSERT statement carries: 6 bound
+// insertChunk is the most records one INSERT statement carries: 7 bound
 // values each stays far below SQLite's default limit of 32766 host
 // parameters.
 const insertChunk = 1000
@@ -36,19 +36,6 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 		}
 		metadata[i] = m
 	}
-	// A keyed record waits behind an earlier pending record of its key, so
-	// that claims never read it until that one is delivered: the first
-	// record of each key here asks the table (insertHold), the others are
-	// behind it.
-	first := make([]bool, len(records))
-	if s.insertHold != "" {
-		seen := make(map[string]bool)
-		for i, r := range records {
-			if r.Key != "" && !seen[r.Key] {
-				seen[r.Key], first[i] = true, true
-			}
-		}
-	}
 	// created_at never decreases in id order, even when the clock steps
 	// back or a producer that read it first gets the write lock second, so
 	// VisibilityDelay never shows a record while an earlier one is hidden:
@@ -56,13 +43,22 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 	// created_at, read by its INSERT under the write lock, and the others,
 	// inserted under the same lock, take the same.
 	created := nanos(s.now())
-	query, args := s.insertSQL(true, created, records[:1], metadata[:1], first[:1])
-	if err := sqlTx.QueryRowContext(ctx, query+" RETURNING created_at", args...).Scan(&created); err != nil {
+	if err := sqlTx.QueryRowContext(ctx, s.insertFirstSQL(records[0]), s.insertFirstArgs(created, records[0], metadata[0])...).Scan(&created); err != nil {
+		return fmt.Errorf("insert %d outbox records into %q: %w", len(records), s.table, err)
+	}
+	if len(records) == 1 {
+		return nil
+	}
+	// A keyed record waits behind an earlier pending record of its key (see
+	// insertFirstSQL); the first INSERT took the write lock, so what this
+	// reads holds until the commit.
+	holds, err := s.insertHolds(ctx, sqlTx, records)
+	if err != nil {
 		return fmt.Errorf("insert %d outbox records into %q: %w", len(records), s.table, err)
 	}
 	for start := 1; start < len(records); start += insertChunk {
 		end := min(start+insertChunk, len(records))
-		query, args := s.insertSQL(false, created, records[start:end], metadata[start:end], first[start:end])
+		query, args := s.insertSQL(created, records[start:end], metadata[start:end], holds[start:end])
 		if _, err := sqlTx.ExecContext(ctx, query, args...); err != nil {
 			return fmt.Errorf("insert %d outbox records into %q: %w", len(records), s.table, err)
 		}
@@ -70,44 +66,109 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 	return nil
 }
 
-// insertSQL is one multi-row INSERT. With newest, created_at is the later
-// of created and the newest record's.
-func (s *Storage) insertSQL(newest bool, created int64, records []storage.Record, metadata []any, first []bool) (string, []any) {
+// insertFirstSQL inserts one record, with created_at the later of the
+// clock and the newest record's, and, with strict ordering, a keyed record
+// set aside (hold 'behind') when an earlier record of its key is pending or
+// dead and holding the key: claims then never read it until that one is
+// gone (see the schema's triggers).
+func (s *Storage) insertFirstSQL(r storage.Record) string {
+	t := quote(s.table)
+	hold := "NULL"
+	if r.Key != "" && s.strict {
+		hold = fmt.Sprintf(`CASE WHEN EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending' AND "key" <> '' AND "key" = ?4)
+    OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'dead' AND "key" <> '' AND "key" = ?4 AND hold = 'key') THEN 'behind' END`, t)
+	}
+	return fmt.Sprintf(`INSERT INTO %[1]s (created_at, uuid, topic, "key", payload, metadata, hold)
+VALUES (max(?1, ifnull((SELECT created_at FROM %[1]s ORDER BY id DESC LIMIT 1), 0)), ?2, ?3, ?4, ?5, ?6, %[2]s)
+RETURNING created_at`, t, hold)
+}
+
+func (s *Storage) insertFirstArgs(created int64, r storage.Record, metadata any) []any {
+	return []any{created, r.UUID, r.Topic, r.Key, payloadOf(r), metadata}
+}
+
+// insertHolds returns the hold of each record but the first: with strict
+// ordering, 'behind' for a keyed record whose key has an earlier record
+// here, or a pending record, or a dead one that holds it, in the table.
+func (s *Storage) insertHolds(ctx context.Context, tx *sql.Tx, records []storage.Record) ([]any, error) {
+	holds := make([]any, len(records))
+	if !s.strict {
+		return holds, nil
+	}
+	seen := map[string]bool{records[0].Key: true}
+	var keys []string
+	for _, r := range records[1:] {
+		if r.Key != "" && !seen[r.Key] {
+			seen[r.Key] = true
+			keys = append(keys, r.Key)
+		}
+	}
+	held := map[string]bool{}
+	if len(keys) > 0 {
+		list, err := json.Marshal(keys)
+		if err != nil {
+			return nil, err
+		}
+		t := quote(s.table)
+		rows, err := tx.QueryContext(ctx, fmt.Sprintf(`SELECT k.value FROM json_each(?1) AS k
+WHERE EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending' AND "key" <> '' AND "key" = k.value)
+   OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'dead' AND "key" <> '' AND "key" = k.value AND hold = 'key')`, t), string(list))
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = rows.Close() }()
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				return nil, err
+			}
+			held[k] = true
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	first := map[string]bool{records[0].Key: true}
+	for i, r := range records {
+		if i == 0 || r.Key == "" {
+			continue
+		}
+		if first[r.Key] || held[r.Key] {
+			holds[i] = "behind"
+		}
+		first[r.Key] = true
+	}
+	return holds, nil
+}
+
+// insertSQL is one multi-row INSERT.
+func (s *Storage) insertSQL(created int64, records []storage.Record, metadata, holds []any) (string, []any) {
 	// Anonymous ? parameters: the driver looks up the name of every numbered
 	// one (?NNN) with a linear scan, which makes a large insert quadratic.
-	t := quote(s.table)
+	const row = "(?,?,?,?,?,?,?)"
 	var b strings.Builder
-	b.Grow(96 + len(records)*24)
+	b.Grow(96 + len(records)*(len(row)+1))
 	b.WriteString("INSERT INTO ")
-	b.WriteString(t)
+	b.WriteString(quote(s.table))
 	b.WriteString(` (created_at, uuid, topic, "key", payload, metadata, hold) VALUES `)
-	args := make([]any, 0, 8*len(records))
+	args := make([]any, 0, 7*len(records))
 	for i, r := range records {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		if newest {
-			b.WriteString(`(max(?, ifnull((SELECT created_at FROM ` + t + ` ORDER BY id DESC LIMIT 1), 0)),?,?,?,?,?,`)
-		} else {
-			b.WriteString("(?,?,?,?,?,?,")
-		}
-		payload := r.Payload
-		if payload == nil {
-			payload = []byte{} // NOT NULL; a nil []byte binds as NULL
-		}
-		args = append(args, created, r.UUID, r.Topic, r.Key, payload, metadata[i])
-		switch {
-		case r.Key == "" || s.insertHold == "":
-			b.WriteString("NULL")
-		case first[i]:
-			b.WriteString(s.insertHold)
-			args = append(args, r.Key, r.Key)
-		default:
-			b.WriteString("'behind'")
-		}
-		b.WriteByte(')')
+		b.WriteString(row)
+		args = append(args, created, r.UUID, r.Topic, r.Key, payloadOf(r), metadata[i], holds[i])
 	}
 	return b.String(), args
+}
+
+// payloadOf is the record's payload as the NOT NULL column takes it: a nil
+// []byte binds as NULL.
+func payloadOf(r storage.Record) []byte {
+	if r.Payload == nil {
+		return []byte{}
+	}
+	return r.Payload
 }
 
 // validateRecord checks what the table cannot hold and returns the metadata

@@ -103,7 +103,6 @@ type Storage struct {
 	deadSQL    string
 	extendSQL  string
 	redriveSet string
-	insertHold string // "" without strict ordering
 }
 
 var (
