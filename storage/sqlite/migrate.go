@@ -87,11 +87,16 @@ func (s *Storage) versionTableSQL() string {
 // leased_until are NULL when the record is not leased. A dead record's due_at
 // is when it was dead-lettered.
 //
-// The partial indexes serve, in order: claims (pending records by id), the
-// strict-ordering check (pending keyed records by key and the time until
-// which they block their key), Purge (delivered records by delivery time),
-// Redrive by topic (dead records by topic), and with HoldOnDeadLetter the
-// checks for a dead or failed earlier record of a key.
+// The hold column says why a pending record is set aside (NULL: it is
+// not, claims walk it; 'retry': it waits for its due_at; 'behind': an
+// earlier record of its key is pending, or dead and holding the key), and
+// on a dead record whether it holds its key ('key'). The partial indexes
+// serve: claims (pending records by hold, then id), a key's pending records
+// in id order (the strict-ordering check, the next record to set free, the
+// records a claim takes along), records waiting for their retry by due
+// time, Purge (delivered records by delivery time), Redrive by topic, and a
+// key's dead and failed records. Two triggers set the next record of a key
+// free when one stops being pending or is deleted.
 func (s *Storage) SchemaSQL() string {
 	var b strings.Builder
 	for _, m := range s.Migrations() {

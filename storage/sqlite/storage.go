@@ -32,9 +32,10 @@ type Config struct {
 	// retry or is leased by another worker. Strict ordering is on by default.
 	DisableStrictOrdering bool
 
-	// VisibilityDelay only claims records at least this old. With SQLite it is
-	// rarely needed: writers are serialised, so id order is commit order.
-	// Defaults to 0; must be >= 0.
+	// VisibilityDelay only claims records at least this old (by created_at,
+	// which never decreases in id order, so a record never shows while an
+	// earlier one is hidden). With SQLite it is rarely needed: writers are
+	// serialised, so id order is commit order. Defaults to 0; must be >= 0.
 	VisibilityDelay time.Duration
 
 	// HoldOnDeadLetter makes a dead-lettered record hold back the later
@@ -42,8 +43,11 @@ type Config struct {
 	// these blocked keys), so that a poison message never breaks the order
 	// of its key. A record that failed before is then claimed without the
 	// later records of its key, so that a forwarder cannot publish them in
-	// the same batch after dead-lettering it. Needs strict ordering.
-	// Defaults to false: a dead record lets its key move on.
+	// the same batch after dead-lettering it. A record dead-lettered with it
+	// holds its key for every storage on the table, also one without it,
+	// until re-driven or skipped: turning it off releases no key already
+	// held. Needs strict ordering. Defaults to false: a dead record lets its
+	// key move on.
 	HoldOnDeadLetter bool
 }
 
