@@ -270,30 +270,18 @@ func (s *Storage) takeAlong(ctx context.Context, tx *sql.Tx, params storage.Clai
 		if share <= 0 {
 			continue
 		}
-		rows, err := tx.QueryContext(ctx, s.queueSQL, k.name, k.last, share)
+		queue, err := s.queue(ctx, tx, k.name, k.last, share)
 		if err != nil {
 			return nil, err
 		}
-		for rows.Next() {
-			var (
-				id, due, leased, created int64
-				hold                     sql.NullString
-				failedBefore             bool
-			)
-			if err := rows.Scan(&id, &hold, &due, &leased, &created, &failedBefore); err != nil {
-				_ = rows.Close()
-				return nil, err
-			}
-			claimable := (!hold.Valid || hold.String == "behind" || hold.String == "retry") &&
-				due <= nanos(now) && leased <= nanos(now) && (s.visibilityDelay == 0 || created <= cutoff) &&
-				!(s.hold && failedBefore)
+		for _, q := range queue {
+			claimable := (!q.hold.Valid || q.hold.String == "behind" || q.hold.String == "retry") &&
+				q.due <= nanos(now) && q.leased <= nanos(now) && (s.visibilityDelay == 0 || q.created <= cutoff) &&
+				!(s.hold && q.failed)
 			if !claimable {
 				break
 			}
-			take = append(take, id)
-		}
-		if err := rows.Close(); err != nil {
-			return nil, err
+			take = append(take, q.id)
 		}
 	}
 	if len(take) == 0 {
@@ -305,6 +293,31 @@ func (s *Storage) takeAlong(ctx context.Context, tx *sql.Tx, params storage.Clai
 	}
 	records, _, _, err = scanRecords(rows, len(take), records)
 	return records, err
+}
+
+// queued is a record queued behind a key's last claimed record.
+type queued struct {
+	id, due, leased, created int64
+	hold                     sql.NullString
+	failed                   bool
+}
+
+// queue reads up to n records queued behind record last of key.
+func (s *Storage) queue(ctx context.Context, tx *sql.Tx, key string, last int64, n int) ([]queued, error) {
+	rows, err := tx.QueryContext(ctx, s.queueSQL, key, last, n)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = rows.Close() }()
+	var out []queued
+	for rows.Next() {
+		var q queued
+		if err := rows.Scan(&q.id, &q.hold, &q.due, &q.leased, &q.created, &q.failed); err != nil {
+			return nil, err
+		}
+		out = append(out, q)
+	}
+	return out, rows.Err()
 }
 
 // scanRecords appends the claimed records rows returns to records, and

@@ -221,6 +221,9 @@ func TestClaimPlans(t *testing.T) {
 			}
 			out = append(out, detail)
 		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
 		return strings.Join(out, "\n")
 	}
 	for name, c := range map[string]struct {

@@ -1,7 +1,6 @@
 package sqlite
 
 import (
-	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -88,17 +87,20 @@ var ErrDatabaseSettings = errors.New("sqlite database not opened with the outbox
 // busy timeout, and write transactions that take the write lock at BEGIN.
 // Without them producers' transactions fail with SQLITE_BUSY while a
 // forwarder runs.
-func checkSettings(ctx context.Context, db *sql.DB) error {
+//
+// It takes no context, like [Open] and sql.Open: the BEGIN IMMEDIATE waits
+// at most the busy timeout for another writer.
+func checkSettings(db *sql.DB) error {
 	var problems []string
 	var mode string
-	if err := db.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
+	if err := db.QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil { //nolint:noctx // see above
 		return fmt.Errorf("read journal_mode: %w", err)
 	}
 	if !strings.EqualFold(mode, "wal") {
 		problems = append(problems, fmt.Sprintf("journal_mode is %q, not wal (readers and the writer block each other)", mode))
 	}
 	var busy int
-	if err := db.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
+	if err := db.QueryRow(`PRAGMA busy_timeout`).Scan(&busy); err != nil { //nolint:noctx // see above
 		return fmt.Errorf("read busy_timeout: %w", err)
 	}
 	if busy <= 0 {
@@ -109,10 +111,10 @@ func checkSettings(ctx context.Context, db *sql.DB) error {
 	// first statement and can (NOOP: nothing is written). A BEGIN that
 	// waits for the lock, or is refused it, is a BEGIN IMMEDIATE too.
 	if problems == nil {
-		tx, err := db.BeginTx(ctx, nil)
+		tx, err := db.Begin() //nolint:noctx // see above
 		if err == nil {
 			var busy, log, done int
-			err = tx.QueryRowContext(ctx, `PRAGMA wal_checkpoint(NOOP)`).Scan(&busy, &log, &done)
+			err = tx.QueryRow(`PRAGMA wal_checkpoint(NOOP)`).Scan(&busy, &log, &done) //nolint:noctx // see above
 			_ = tx.Rollback()
 			if err == nil {
 				problems = append(problems, "transactions begin DEFERRED, not IMMEDIATE (a transaction that reads first fails with SQLITE_BUSY when another commits)")

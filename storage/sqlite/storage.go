@@ -134,17 +134,11 @@ func New(db *sql.DB, config Config) (*Storage, error) {
 	if err := config.Validate(); err != nil {
 		return nil, fmt.Errorf("new sqlite storage: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), newTimeout)
-	defer cancel()
-	if err := checkSettings(ctx, db); err != nil {
+	if err := checkSettings(db); err != nil {
 		return nil, fmt.Errorf("new sqlite storage: %w", err)
 	}
 	return newStorage(db, config), nil
 }
-
-// newTimeout bounds New's look at the database's settings; a BEGIN
-// IMMEDIATE waits up to the busy timeout for another writer.
-const newTimeout = 10 * time.Second
 
 // Migrations returns the schema steps for config's table, as
 // [Storage.Migrations] does, without a database: for tools that print or
