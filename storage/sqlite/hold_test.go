@@ -183,18 +183,20 @@ func TestRetryDueComesBack(t *testing.T) {
 }
 
 // TestMigrateOverSchemaMadeByHand: a database made by running SchemaSQL by
-// hand (its ADD COLUMN step included) is brought under Migrate.
+// hand is at the latest version, so Migrate runs no step again (step 3's
+// ADD COLUMN cannot: SQLite has no ADD COLUMN IF NOT EXISTS).
 func TestMigrateOverSchemaMadeByHand(t *testing.T) {
 	t.Parallel()
 	s, db, _ := newUnmigrated(t)
 	if _, err := db.Exec(s.SchemaSQL()); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Migrate(context.Background()); err != nil {
-		t.Fatalf("Migrate over a schema made from SchemaSQL: %v", err)
+	applied, err := s.MigrateReport(context.Background())
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("Migrate over a schema made from SchemaSQL applied %v, %v; want nothing", applied, err)
 	}
 	if _, err := db.Exec(s.SchemaSQL()); err == nil || !strings.Contains(err.Error(), "duplicate column") {
-		t.Fatalf("SchemaSQL run twice = %v, want the duplicate column error Migrate tolerates", err)
+		t.Fatalf("SchemaSQL run twice = %v, want the duplicate column error of step 3", err)
 	}
 }
 

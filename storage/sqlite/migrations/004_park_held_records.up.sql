@@ -18,6 +18,8 @@ WHERE status = 'pending' AND "key" <> '' AND hold IS NULL
 -- or dead one is deleted (skipped), the next record of its key, set aside
 -- behind it, is set free, unless a dead record that holds the key comes
 -- before it. Triggers, so that every way a record goes sets the next free.
+-- (No line inside a trigger ends with a semicolon but its last: goose
+-- splits a file at those.)
 CREATE TRIGGER IF NOT EXISTS "{table}_next_after_update" AFTER UPDATE OF status ON "{table}"
 WHEN OLD.status = 'pending' AND NEW.status <> 'pending' AND OLD."key" <> ''
 BEGIN
@@ -27,8 +29,7 @@ BEGIN
       AND hold = 'behind'
       AND NOT EXISTS (SELECT 1 FROM "{table}" AS d
                       WHERE d.status = 'dead' AND d."key" <> '' AND d."key" = OLD."key" AND d.hold = 'key'
-                        AND d.id < "{table}".id);
-END;
+                        AND d.id < "{table}".id); END;
 CREATE TRIGGER IF NOT EXISTS "{table}_next_after_delete" AFTER DELETE ON "{table}"
 WHEN OLD.status IN ('pending', 'dead') AND OLD."key" <> ''
 BEGIN
@@ -38,5 +39,4 @@ BEGIN
       AND hold = 'behind'
       AND NOT EXISTS (SELECT 1 FROM "{table}" AS d
                       WHERE d.status = 'dead' AND d."key" <> '' AND d."key" = OLD."key" AND d.hold = 'key'
-                        AND d.id < "{table}".id);
-END;
+                        AND d.id < "{table}".id); END;
