@@ -328,11 +328,12 @@ func runOutage(t *testing.T, shape outageShape, held, backlog int) outageFigures
 // many there are. For each shape at 200,000 held records (20,000 keys x
 // 10, or one key), against the same run with none held: while the held
 // records come in, the p95 of the claims and of the producers'
-// transactions stays within 3x (a claim's per record claimed); afterwards
-// the p95 of claims of 100 fresh records stays within 3x, and a backlog of
-// the healthy topic drains with at most 1.5x the work a record. Each is
-// counted in database pages requested, which a busy machine does not
-// change; the times, and the drain rate, go to the log (-v). A claim that walked the held records requested
+// transactions stays within 3x (a claim's per record claimed) and 4x;
+// afterwards the p95 of claims of 100 fresh records stays within 4x, and a
+// backlog of the healthy topic drains with at most 2x the work a record
+// (deeper indexes, see below). Each is counted in database pages
+// requested, which a busy machine does not change; the times, and the
+// drain rate, go to the log (-v). A claim that walked the held records requested
 // tens of thousands of pages and took 0.4-6 s here. TXOUTBOX_HELD_ROWS
 // sets the count (2,000 under the race detector, as CI runs it).
 func TestHeldRecordsCostOtherKeysNothing(t *testing.T) {
@@ -356,21 +357,23 @@ func TestHeldRecordsCostOtherKeysNothing(t *testing.T) {
 		t.Run(shape.name, func(t *testing.T) {
 			f := runOutage(t, shape, held, backlog)
 			logFigures(t, shape.name, held, f, base)
-			check := func(what string, got, want int64) {
-				if got > 3*want+5 {
-					t.Errorf("shape %s with %d held records: %s p95 %d pages, over 3x the %d with none held", shape.name, held, what, got, want)
+			// The indexes that hold the held records are a level or two
+			// deeper than the near-empty ones of the base: every index
+			// probe of a claimed or inserted record requests a page or two
+			// more (with 20,000 dead heads, the dead-record check of every
+			// candidate too). That is the room over 3x below; a claim that
+			// stepped over the held records requested 55-265x the pages of
+			// the base at 5,000 held records, its drain 32-63x a record.
+			check := func(what string, got, want, times int64) {
+				if got > times*want+5 {
+					t.Errorf("shape %s with %d held records: %s p95 %d pages, over %dx the %d with none held", shape.name, held, what, got, times, want)
 				}
 			}
-			check("claims during (a record)", p95n(f.duringPages), p95n(base.duringPages))
-			check("producer transactions", p95n(f.producerPages), p95n(base.producerPages))
-			check("claims of 100 after", p95n(f.afterPages), p95n(base.afterPages))
-			// Indexes that hold the held records are a level or two deeper
-			// than the empty ones of the base: a page more for each of the
-			// few probes of a record claimed. That is the 1.5x; a claim that
-			// stepped over the held records needs more pages than it has
-			// held records to step over.
-			if f.drainPages > 1.5*base.drainPages {
-				t.Errorf("shape %s with %d held records: drain %.1f pages a record, over 1.5x the %.1f with none held",
+			check("claims during (a record)", p95n(f.duringPages), p95n(base.duringPages), 3)
+			check("producer transactions", p95n(f.producerPages), p95n(base.producerPages), 4)
+			check("claims of 100 after", p95n(f.afterPages), p95n(base.afterPages), 4)
+			if f.drainPages > 2*base.drainPages {
+				t.Errorf("shape %s with %d held records: drain %.1f pages a record, over 2x the %.1f with none held",
 					shape.name, held, f.drainPages, base.drainPages)
 			}
 		})
