@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"runtime/pprof"
@@ -10,12 +9,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/storage/postgres"
@@ -181,15 +179,18 @@ func (r *txoRelay) Teardown(ctx context.Context) error {
 	return err
 }
 
-// ---- Watermill components/forwarder over watermill-sql ----
+// ---- Watermill components/forwarder over watermill-sql v4, native pgx ----
 
+// wmRelay is Watermill's forwarder over watermill-sql v4 on pgx, as a user
+// starting today writes it: the producers' Publisher on TxFromPgx of their
+// pgx.Tx, the subscriber on BeginnerFromPgx of a pgxpool.
 type wmRelay struct {
-	cfg     relayConfig
-	prodDB  *sql.DB
-	fwdDB   *sql.DB
-	schema  wmsql.DefaultPostgreSQLSchema
-	offsets wmsql.DefaultPostgreSQLOffsetsAdapter
-	topic   string
+	cfg      relayConfig
+	prodPool *pgxpool.Pool
+	fwdPool  *pgxpool.Pool
+	schema   wmsql.DefaultPostgreSQLSchema
+	offsets  wmsql.DefaultPostgreSQLOffsetsAdapter
+	topic    string
 }
 
 func newWmRelay(cfg relayConfig) *wmRelay {
@@ -204,23 +205,12 @@ func newWmRelay(cfg relayConfig) *wmRelay {
 	return r
 }
 
-func openDB(url string, conns int) (*sql.DB, error) {
-	pc, err := pgx.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("parse database URL: %w", err)
-	}
-	db := stdlib.OpenDB(*pc)
-	db.SetMaxOpenConns(conns)
-	db.SetMaxIdleConns(conns)
-	return db, nil
-}
-
 func (r *wmRelay) Setup(ctx context.Context) error {
 	var err error
-	if r.prodDB, err = openDB(r.cfg.url, max(r.cfg.producers, 1)+1); err != nil {
+	if r.prodPool, err = newPool(ctx, r.cfg.url, max(r.cfg.producers, 1)+1); err != nil {
 		return err
 	}
-	if r.fwdDB, err = openDB(r.cfg.url, 2*max(r.cfg.forwarders, 1)+1); err != nil {
+	if r.fwdPool, err = newPool(ctx, r.cfg.url, 2*max(r.cfg.forwarders, 1)+1); err != nil {
 		return err
 	}
 	sub, err := r.subscriber()
@@ -235,7 +225,7 @@ func (r *wmRelay) Setup(ctx context.Context) error {
 }
 
 func (r *wmRelay) subscriber() (*wmsql.Subscriber, error) {
-	return wmsql.NewSubscriber(r.fwdDB, wmsql.SubscriberConfig{
+	return wmsql.NewSubscriber(wmsql.BeginnerFromPgx(r.fwdPool), wmsql.SubscriberConfig{
 		ConsumerGroup:  "bench",
 		PollInterval:   r.cfg.poll,
 		ResendInterval: r.cfg.poll,
@@ -245,19 +235,21 @@ func (r *wmRelay) subscriber() (*wmsql.Subscriber, error) {
 }
 
 func (r *wmRelay) PublishTx(ctx context.Context, msgs []*message.Message) error {
-	tx, err := r.prodDB.BeginTx(ctx, nil)
+	tx, err := r.prodPool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	defer tx.Rollback() //nolint:errcheck // no-op after commit
-	p, err := wmsql.NewPublisher(tx, wmsql.PublisherConfig{SchemaAdapter: r.schema}, watermill.NopLogger{})
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	// The wrapper's own Commit and Rollback panic (it keeps no context):
+	// the pgx transaction is committed instead.
+	p, err := wmsql.NewPublisher(wmsql.TxFromPgx(tx), wmsql.PublisherConfig{SchemaAdapter: r.schema}, watermill.NopLogger{})
 	if err != nil {
 		return err
 	}
 	if err := forwarder.NewPublisher(p, forwarder.PublisherConfig{ForwarderTopic: r.topic}).Publish(destTopic, msgs...); err != nil {
 		return err
 	}
-	return tx.Commit()
+	return tx.Commit(ctx)
 }
 
 // onceSubscriber closes its subscriber once, whoever calls Close first: the
@@ -326,13 +318,13 @@ func startWatermill(ctx context.Context, target message.Publisher, n int, topic 
 
 func (r *wmRelay) Teardown(ctx context.Context) error {
 	var err error
-	if r.fwdDB != nil {
-		_, err = r.fwdDB.ExecContext(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s",
+	if r.fwdPool != nil {
+		_, err = r.fwdPool.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s",
 			pgx.Identifier{r.cfg.name}.Sanitize(), pgx.Identifier{r.cfg.name + "_offsets"}.Sanitize()))
-		_ = r.fwdDB.Close()
+		r.fwdPool.Close()
 	}
-	if r.prodDB != nil {
-		_ = r.prodDB.Close()
+	if r.prodPool != nil {
+		r.prodPool.Close()
 	}
 	return err
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/go-sql-driver/mysql"
@@ -152,7 +152,7 @@ func (r *wmMyRelay) Setup(ctx context.Context) error {
 }
 
 func (r *wmMyRelay) subscriber() (*wmsql.Subscriber, error) {
-	return wmsql.NewSubscriber(r.fwdDB, wmsql.SubscriberConfig{
+	return wmsql.NewSubscriber(wmsql.BeginnerFromStdSQL(r.fwdDB), wmsql.SubscriberConfig{
 		ConsumerGroup:  "bench",
 		PollInterval:   r.cfg.poll,
 		ResendInterval: r.cfg.poll,
@@ -167,7 +167,7 @@ func (r *wmMyRelay) PublishTx(ctx context.Context, msgs []*message.Message) erro
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after commit
-	p, err := wmsql.NewPublisher(tx, wmsql.PublisherConfig{SchemaAdapter: r.schema}, watermill.NopLogger{})
+	p, err := wmsql.NewPublisher(wmsql.TxFromStdSQL(tx), wmsql.PublisherConfig{SchemaAdapter: r.schema}, watermill.NopLogger{})
 	if err != nil {
 		return err
 	}
