@@ -41,7 +41,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -79,6 +78,13 @@ type options struct {
 	repeat      int    // drain, steady and latency runs per setting; medians are reported
 	cpuProfile  string // write a CPU profile of this process here
 	hotMsgs     int    // messages of each hotkey run
+	stall       time.Duration // a run with no delivery for this long is stalled
+	floor       bool          // run the floor relay beside the drains
+	notifyRates []int         // commits/s of the notify scenario
+	markdown    bool          // print the final tables in Markdown
+	plotDir     string        // write SVG plots here
+	reportFile  string        // rewrite this file's generated block
+	args        string        // the flags given, for the report
 
 	// the outage scenario
 	outageRows        int           // backlog
@@ -138,7 +144,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "latency and steady scenarios: the first stretch of the load, whose latencies are not counted (both relays start cold: new connections, statements not yet planned); in latency, offered before the measured -duration")
 	fs.StringVar(&wmPolls, "wm-poll", "1ms,10ms", "watermill poll intervals tried in the latency scenario; the best is reported (list)")
 	fs.IntVar(&o.wmLatMsgs, "wm-latency-messages", 5000, "cap on messages of watermill drains with broker latency (it forwards one at a time)")
-	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,hotkey,rss", "scenarios to run (list); hotkey: one key, then 10 keys carrying half the messages, 1 ms broker latency, the most -forwarders, a 2 s lease; outage (not in the default list, it adds minutes): txoutbox alone, strict ordering, a backlog of -outage-rows over -keys keys whose every key's head failed while the broker was down, drained once the retries are due, against a normal drain of the same backlog, at the first -latency, -batch and -forwarders; with -db mysql the default is insert,drain,steady")
+	fs.StringVar(&scenarios, "scenarios", "insert,drain,steady,latency,notify,hotkey,rss", "scenarios to run (list); notify: what the NOTIFY trigger costs producers per commit (commit latency, CPU) at each -notify-rates, one message per commit, with and without the trigger; hotkey: one key, then 10 keys carrying half the messages, 1 ms broker latency, the most -forwarders, a 2 s lease; outage (not in the default list, it adds minutes): txoutbox alone, strict ordering, a backlog of -outage-rows over -keys keys whose every key's head failed while the broker was down, drained once the retries are due, against a normal drain of the same backlog, at the first -latency, -batch and -forwarders; with -db mysql the default is insert,drain,steady")
 	fs.IntVar(&o.hotMsgs, "hot-messages", 3000, "messages of each hotkey run")
 	fs.IntVar(&o.outageRows, "outage-rows", 200_000, "backlog of the outage scenario")
 	fs.DurationVar(&o.outageRetry, "outage-backoff", 30*time.Second, "outage scenario: retry delay of the failed heads (Backoff.Base = Max, no jitter); must outlast the outage phase (every key's head failing)")
@@ -146,7 +152,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.rssRows, "rss-rows", 1_000_000, "pending rows of the rss scenario")
 	fs.IntVar(&o.rssDrain, "rss-drain", 200_000, "rows the rss child forwards before its peak RSS is read")
 	fs.BoolVar(&skipRSS, "skip-rss", false, "skip the rss scenario (inserting its backlog takes a while)")
-	fs.DurationVar(&o.runTimeout, "run-timeout", 5*time.Minute, "bound on each run; a run that outlives it counts its undelivered messages as lost")
+	fs.DurationVar(&o.runTimeout, "run-timeout", 5*time.Minute, "bound on each run; a run that outlives it is reported as stalled (its undelivered messages count as lost for txoutbox)")
+	fs.DurationVar(&o.stall, "stall", 30*time.Second, "a run in which nothing is delivered for this long is stopped and reported as stalled, with what it delivered")
+	fs.BoolVar(&o.floor, "floor", true, "run the floor relay (the storage contract's minimum in bare SQL, primary key only) beside each drain without broker latency")
+	var notifyRates string
+	fs.StringVar(&notifyRates, "notify-rates", "100,1000,5000", "notify scenario: offered commits/s (list)")
+	fs.BoolVar(&o.markdown, "markdown", false, "print the final tables in Markdown (rows still stream as text while the runs finish)")
+	fs.StringVar(&o.plotDir, "plot", "", "write SVG plots of the results into this directory (throughput, latency distribution, drain progress, NOTIFY cost)")
+	fs.StringVar(&o.reportFile, "report", "", "replace the generated block of this Markdown file (between <!-- txoutbox-bench:DB --> and <!-- /txoutbox-bench:DB -->, DB the -db) with the Markdown tables")
 	fs.BoolVar(&o.quick, "quick", false, "tiny smoke workload (small sizes for the flags not given)")
 	fs.BoolVar(&o.deleteOnAck, "delete-on-ack", false, "txoutbox: postgres.Config.DeleteOnAck (delete delivered rows instead of marking them)")
 	fs.IntVar(&o.repeat, "repeat", 1, "drain, steady and latency runs of each relay per setting, alternating; the median rate (drain), or the median of each figure (steady, latency) is reported")
@@ -158,6 +171,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	o.args = shellJoin(args)
 	switch o.db {
 	case "postgres":
 		o.url = cmp.Or(o.url, defURL)
@@ -169,7 +183,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			scenarios = "insert,drain,steady"
 		}
 		for _, sc := range strings.Split(scenarios, ",") {
-			if sc == "latency" || sc == "rss" || sc == "hotkey" || sc == "outage" {
+			if sc == "latency" || sc == "rss" || sc == "hotkey" || sc == "outage" || sc == "notify" {
 				return o, fmt.Errorf("-scenarios %s: not available with -db mysql (it needs LISTEN/NOTIFY, the PostgreSQL child, or is not ported to MySQL yet)", sc)
 			}
 		}
@@ -191,6 +205,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			return o, fmt.Errorf("-concurrency: %w", err)
 		}
 	}
+	if o.notifyRates, err = parseList(notifyRates, strconv.Atoi); err != nil {
+		return o, fmt.Errorf("-notify-rates: %w", err)
+	}
 	if o.wmPolls, err = parseList(wmPolls, time.ParseDuration); err != nil {
 		return o, fmt.Errorf("-wm-poll: %w", err)
 	}
@@ -209,7 +226,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	for _, s := range strings.Split(scenarios, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "insert", "drain", "steady", "latency", "hotkey", "rss", "outage":
+		case "insert", "drain", "steady", "latency", "notify", "hotkey", "rss", "outage":
 			o.scenarios[s] = true
 		case "":
 		default:
@@ -231,6 +248,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			"hot-messages": func() { o.hotMsgs = 300 },
 			"outage-rows":  func() { o.outageRows = 2000 }, "outage-backoff": func() { o.outageRetry = 3 * time.Second },
 			"forwarders": func() { o.forwarders = []int{1, 2} }, "wm-poll": func() { o.wmPolls = []time.Duration{10 * time.Millisecond} },
+			"notify-rates": func() { o.notifyRates = []int{100, 500} },
 		}
 		for name, apply := range quick {
 			if !set[name] {
@@ -238,10 +256,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			}
 		}
 	}
-	for _, v := range append(append([]int{o.messages, o.perTx, o.producers, o.rate, o.repeat, o.hotMsgs}, o.batches...), o.forwarders...) {
+	for _, v := range slices.Concat([]int{o.messages, o.perTx, o.producers, o.rate, o.repeat, o.hotMsgs}, o.batches, o.forwarders, o.notifyRates) {
 		if v <= 0 {
-			return o, errors.New("-messages, -per-tx, -producers, -rate, -repeat, -hot-messages, -batch and -forwarders must be > 0")
+			return o, errors.New("-messages, -per-tx, -producers, -rate, -repeat, -hot-messages, -batch, -forwarders and -notify-rates must be > 0")
 		}
+	}
+	if o.stall <= 0 || o.runTimeout <= 0 {
+		return o, errors.New("-stall and -run-timeout must be > 0")
 	}
 	if o.keys < 0 || o.payload < 0 {
 		return o, errors.New("-keys and -payload must be >= 0")
@@ -262,6 +283,18 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
+// shellJoin joins args for a shell, quoting those that need it.
+func shellJoin(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if a == "" || strings.ContainsAny(a, " \t'\"$\\*?;&|<>()") {
+			out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(out, " ")
+}
+
 func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
 	var out []T
 	for _, f := range strings.Split(s, ",") {
@@ -280,19 +313,11 @@ func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
 	return out, nil
 }
 
-// row is one line of the result table.
-type row struct {
-	scenario, settings string
-	txo, wm            string
-	ratio              string
-	txoDL, wmDL        string // duplicates/lost
-	txoCPU, wmCPU      string // database and relay CPU per message
-}
-
 type bench struct {
 	o       options
 	out     io.Writer
 	rows    []row
+	printed int // rows already streamed to out
 	lost    bool
 	seq     int
 	payload []byte
@@ -307,10 +332,15 @@ type bench struct {
 	// cur is the sink of the run that records latencies (together), for
 	// the producers to record their commits in; nil otherwise.
 	cur *sink
+	// What the plots draw: latency samples per relay (latency scenario,
+	// all runs pooled), drain progress curves, NOTIFY points.
+	latSamples map[string][]time.Duration
+	curves     []curve
+	notifyPts  []notifyPoint
 }
 
 func run(ctx context.Context, o options, out io.Writer) (int, error) {
-	b := &bench{o: o, out: out, payload: make([]byte, o.payload), inserts: map[string][]float64{}}
+	b := &bench{o: o, out: out, payload: make([]byte, o.payload), inserts: map[string][]float64{}, latSamples: map[string][]time.Duration{}}
 	if o.db == "postgres" {
 		b.cpu = newCPUMeter(o.url)
 	}
@@ -329,25 +359,32 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 		defer pprof.StopCPUProfile()
 	}
 	start := time.Now()
-	fmt.Fprintf(out, "txoutbox-bench %s: db=%s messages=%d keys=%d payload=%dB per-tx=%d producers=%d poll=%s delete-on-ack=%v repeat=%d\n",
-		start.Format(time.RFC3339), o.db, o.messages, o.keys, o.payload, o.perTx, o.producers, o.poll, o.deleteOnAck, o.repeat)
+	fmt.Fprintf(out, "txoutbox-bench %s: %s\n", start.Format(time.RFC3339), b.conditions())
 	steps := []struct {
 		name string
 		fn   func(context.Context) error
 	}{
-		{"drain", b.drain}, {"insert", b.insert}, {"steady", b.steady}, {"latency", b.latency}, {"hotkey", b.hotkey}, {"outage", b.outage}, {"rss", b.rss},
+		{"drain", b.drain}, {"insert", b.insert}, {"steady", b.steady}, {"latency", b.latency}, {"notify", b.notify}, {"hotkey", b.hotkey}, {"outage", b.outage}, {"rss", b.rss},
 	}
+	var stepErr error
 	for _, s := range steps {
 		if !o.scenarios[s.name] {
 			continue
 		}
-		if err := s.fn(ctx); err != nil {
-			b.print()
-			return 1, fmt.Errorf("%s: %w", s.name, err)
+		err := s.fn(ctx)
+		b.flush()
+		if err != nil {
+			stepErr = fmt.Errorf("%s: %w", s.name, err)
+			break
 		}
 	}
-	b.print()
-	fmt.Fprintf(out, "total %s\n", time.Since(start).Round(time.Second))
+	total := time.Since(start).Round(time.Second)
+	if err := b.finishOutput(ctx, total); err != nil {
+		stepErr = errors.Join(stepErr, err)
+	}
+	if stepErr != nil {
+		return 1, stepErr
+	}
 	if b.lost {
 		fmt.Fprintln(out, "FAIL: messages were lost")
 		return 1, nil
@@ -355,16 +392,10 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 	return 0, nil
 }
 
-func (b *bench) print() {
-	tw := tabwriter.NewWriter(b.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nscenario\tsettings\ttxoutbox\twatermill\ttxo/wm\tdup/lost txo\tdup/lost wm\tcpu us/msg db+relay txo\twm")
-	for _, r := range b.rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.scenario, r.settings, r.txo, r.wm, r.ratio, r.txoDL, r.wmDL, cmp.Or(r.txoCPU, "-"), cmp.Or(r.wmCPU, "-"))
-	}
-	_ = tw.Flush()
-}
+func (b *bench) progress(format string, args ...any) { progressf(format, args...) }
 
-func (b *bench) progress(format string, args ...any) {
+// progressf prints a line of progress on stderr.
+func progressf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "  "+format+"\n", args...)
 }
 
@@ -447,12 +478,17 @@ func (b *bench) newSink(n int, latency time.Duration, recordLatency bool) *sink 
 	return newSink(n, b.o.keys, nil, latency, recordLatency)
 }
 
-func (b *bench) publishTx(ctx context.Context, r relay, ids []int, stamp bool) error {
+// messagesOf returns the messages of indexes ids.
+func (b *bench) messagesOf(ids []int, stamp bool) []*message.Message {
 	msgs := make([]*message.Message, len(ids))
 	for j, i := range ids {
 		msgs[j] = b.message(i, stamp)
 	}
-	if err := r.PublishTx(ctx, msgs); err != nil {
+	return msgs
+}
+
+func (b *bench) publishTx(ctx context.Context, r relay, ids []int, stamp bool) error {
+	if err := r.PublishTx(ctx, b.messagesOf(ids, stamp)); err != nil {
 		return fmt.Errorf("producer: %w", err)
 	}
 	if stamp && b.cur != nil {
@@ -556,6 +592,22 @@ type outcome struct {
 	rp50, rp99 time.Duration
 	n          int
 	cpu        string // database+relay CPU per message, when measured
+	// stalled says why the run ended before every message was delivered
+	// ("stalled: nothing delivered for 30s", "failed: ..."), with what it
+	// delivered by then and how long it ran; "" for a complete run.
+	stalled   string
+	delivered int64
+	elapsed   time.Duration
+	lats      []time.Duration // sorted latencies (runs that record them)
+	curve     []point         // drain progress: seconds from the start, fraction delivered
+}
+
+// show returns fig, or what the run did if it did not complete.
+func (oc outcome) show(fig string) string {
+	if oc.stalled == "" {
+		return fig
+	}
+	return fmt.Sprintf("%s (%d of %d delivered in %s)", oc.stalled, oc.delivered, oc.n, oc.elapsed.Round(100*time.Millisecond))
 }
 
 func (oc outcome) dl() string {
@@ -569,19 +621,65 @@ func (oc outcome) dl() string {
 	return s
 }
 
-// await waits until s saw every message or the run timeout passes.
-func (b *bench) await(ctx context.Context, s *sink) {
-	t := time.NewTimer(b.o.runTimeout)
-	defer t.Stop()
-	select {
-	case <-s.done:
-	case <-t.C:
-	case <-ctx.Done():
+// await waits until s saw every message, and returns "". It gives up and
+// says why when nothing was delivered for -stall, when the run outlived
+// -run-timeout, or when ctx is done.
+func (b *bench) await(ctx context.Context, s *sink) string {
+	deadline := time.NewTimer(b.o.runTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(min(b.o.stall/10, time.Second))
+	defer tick.Stop()
+	last, lastAt := s.unique.Load(), time.Now()
+	for {
+		select {
+		case <-s.done:
+			return ""
+		case <-deadline.C:
+			return fmt.Sprintf("timed out after -run-timeout %s", b.o.runTimeout)
+		case <-ctx.Done():
+			return "interrupted"
+		case now := <-tick.C:
+			if u := s.unique.Load(); u != last {
+				last, lastAt = u, now
+			} else if now.Sub(lastAt) >= b.o.stall {
+				return fmt.Sprintf("stalled: nothing delivered for %s", b.o.stall)
+			}
+		}
 	}
+}
+
+// stopGrace bounds how long a relay may take to stop or to tear down: one
+// that stalled may not return (a forwarder blocked in its database); the
+// bench then leaves it behind and goes on with the next run.
+const stopGrace = 30 * time.Second
+
+// bounded runs fn and waits at most stopGrace for it; it reports whether fn
+// returned.
+func (b *bench) bounded(what string, fn func()) bool {
+	done := make(chan struct{})
+	go func() { defer close(done); fn() }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(stopGrace):
+		b.progress("%s did not return within %s: left behind", what, stopGrace)
+		return false
+	}
+}
+
+// failRun records that a run could not complete: err for txoutbox and the
+// floor fails the command, for Watermill it is only reported.
+func (b *bench) failRun(kind string, oc *outcome, err error) {
+	oc.stalled = "failed: " + err.Error()
+	if kind != "wm" {
+		b.lost = true
+	}
+	b.progress("%s run failed: %v", kind, err)
 }
 
 func (b *bench) finish(oc *outcome, s *sink) {
 	oc.dup, oc.lost, oc.reorders = s.duplicates(), s.losses(), s.reorders.Load()
+	oc.delivered = s.unique.Load()
 	if oc.lost > 0 {
 		b.lost = true
 	}
@@ -590,6 +688,7 @@ func (b *bench) finish(oc *outcome, s *sink) {
 		lats := slices.Clone(s.latencies)
 		s.mu.Unlock()
 		slices.Sort(lats)
+		oc.lats = lats
 		oc.p50, oc.p99 = percentiles(lats)
 		relay := s.relayLatencies()
 		slices.Sort(relay)
@@ -606,32 +705,43 @@ func percentiles(sorted []time.Duration) (p50, p99 time.Duration) {
 }
 
 // drainRun fills a backlog of n messages through the producers, then starts
-// the forwarders and times the drain.
+// the forwarders and times the drain. A run that cannot complete (an error,
+// a stall, the run timeout) is reported in oc.stalled; err is only for what
+// stops the bench (ctx done).
 func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n int, latency time.Duration) (oc outcome, err error) {
+	oc.n = n
 	cfg.name = b.name(kind)
 	r := b.newRelay(kind, cfg)
-	defer func() { err = errors.Join(err, r.Teardown(context.WithoutCancel(ctx))) }()
-	if err := r.Setup(ctx); err != nil {
-		return oc, err
+	defer b.teardown(ctx, r)
+	runCtx, cancel := context.WithTimeout(ctx, b.o.runTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := r.Setup(runCtx); err != nil {
+		b.failRun(kind, &oc, fmt.Errorf("set up: %w", err))
+		return oc, ctx.Err()
 	}
-	if oc.insert, err = b.produce(ctx, r, n, false); err != nil {
-		return oc, err
+	if oc.insert, err = b.produce(runCtx, r, n, false); err != nil {
+		b.failRun(kind, &oc, fmt.Errorf("fill the backlog: %w", err))
+		oc.elapsed = time.Since(start)
+		return oc, ctx.Err()
 	}
 	b.inserts[kind] = append(b.inserts[kind], oc.insert)
-	if err := b.settle(ctx); err != nil {
-		return oc, err
+	if err := b.settle(runCtx); err != nil {
+		b.failRun(kind, &oc, err)
+		return oc, ctx.Err()
 	}
 	s := b.newSink(n, latency, false)
 	cpu0 := b.cpu.sample()
-	start := time.Now()
-	stop, err := r.Start(ctx, s)
+	start = time.Now()
+	stop, err := r.Start(runCtx, s)
 	if err != nil {
-		return oc, err
+		b.failRun(kind, &oc, fmt.Errorf("start: %w", err))
+		return oc, ctx.Err()
 	}
-	b.await(ctx, s)
+	why := b.await(runCtx, s)
 	cpu1 := b.cpu.sample()
-	stop()
-	oc.n = n
+	b.bounded(kind+" forwarders' stop", stop)
+	oc.elapsed = time.Since(start)
 	if a, b := s.tenthAt.Load(), s.nineTenthsAt.Load(); a > 0 && b > a {
 		oc.sustained = float64(n*9/10-n/10) / time.Duration(b-a).Seconds()
 	}
@@ -641,8 +751,36 @@ func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n in
 	if at := s.doneAt.Load(); at > 0 {
 		oc.rate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
 	}
-	b.finish(&oc, s)
+	oc.curve = s.curve(start)
+	b.finishRun(kind, &oc, s, why)
 	return oc, ctx.Err()
+}
+
+// finishRun counts what the sink saw (finish) and records a run that did
+// not complete; only txoutbox's and the floor's losses fail the command:
+// Watermill's stalls are its own figures.
+func (b *bench) finishRun(kind string, oc *outcome, s *sink, why string) {
+	lost := b.lost
+	b.finish(oc, s)
+	if why != "" {
+		oc.stalled = why
+		b.progress("%s run %s: %d of %d delivered in %s", kind, why, oc.delivered, oc.n, oc.elapsed.Round(time.Millisecond))
+	}
+	if kind == "wm" {
+		b.lost = lost
+	}
+}
+
+// teardown drops a run's tables, bounded (a stalled relay's connections may
+// hold locks on them).
+func (b *bench) teardown(ctx context.Context, r relay) {
+	b.bounded("teardown", func() {
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopGrace)
+		defer cancel()
+		if err := r.Teardown(tctx); err != nil {
+			b.progress("teardown: %v", err)
+		}
+	})
 }
 
 // settle puts the database in the same state before every timed drain, so
@@ -671,14 +809,17 @@ func (b *bench) newRelay(kind string, cfg relayConfig) relay {
 	cfg.url = b.o.url
 	cfg.producers = b.o.producers
 	cfg.deleteOnAck = b.o.deleteOnAck
-	if b.o.db == "mysql" {
-		if kind == "wm" {
-			return newWmMyRelay(cfg)
-		}
+	switch {
+	case b.o.db == "mysql" && kind == "wm":
+		return newWmMyRelay(cfg)
+	case b.o.db == "mysql" && kind == "floor":
+		return newFloorMyRelay(cfg)
+	case b.o.db == "mysql":
 		return newTxoMyRelay(cfg)
-	}
-	if kind == "wm" {
+	case kind == "wm":
 		return newWmRelay(cfg)
+	case kind == "floor":
+		return newFloorRelay(cfg, b.payload)
 	}
 	return newTxoRelay(cfg)
 }
@@ -717,7 +858,10 @@ func onOff(v bool) string {
 }
 
 func (b *bench) drain(ctx context.Context) error {
-	wmCache := map[string]outcome{}
+	// Watermill and the floor have no strict ordering and no Concurrency:
+	// each runs once per latency, batch and forwarder count, and its figure
+	// is reused for the txoutbox variants.
+	wmCache, floorCache := map[string]outcome{}, map[string]outcome{}
 	type scaleKey struct {
 		lat         time.Duration
 		batch, conc int
@@ -731,11 +875,17 @@ func (b *bench) drain(ctx context.Context) error {
 				for _, fw := range b.o.forwarders {
 					for _, strict := range b.o.stricts {
 						cfg := relayConfig{batch: batch, concurrency: conc, strict: strict, poll: b.o.poll, forwarders: fw}
-						wkey := fmt.Sprint(lat, batch, fw)
-						w, haveW := wmCache[wkey]
-						var tRuns, wRuns []outcome
-						// Repeats alternate the two relays, so that a slow
-						// moment of the machine hits both.
+						key := fmt.Sprint(lat, batch, fw)
+						w, haveW := wmCache[key]
+						f, haveF := floorCache[key]
+						runW := !haveW && b.o.peer
+						// The floor is the database's minimum for a no-op
+						// broker; with broker latency it would measure the
+						// sleep, not the database.
+						runF := !haveF && b.o.floor && lat == 0
+						var tRuns, wRuns, fRuns []outcome
+						// Repeats alternate the relays, so that a slow
+						// moment of the machine hits all of them.
 						for rep := range b.o.repeat {
 							b.progress("drain txoutbox latency=%s batch=%d concurrency=%d forwarders=%d strict=%s (run %d of %d)", lat, batch, conc, fw, onOff(strict), rep+1, b.o.repeat)
 							t, err := b.drainRun(ctx, "txo", cfg, b.o.messages, lat)
@@ -743,7 +893,7 @@ func (b *bench) drain(ctx context.Context) error {
 								return err
 							}
 							tRuns = append(tRuns, t)
-							if !haveW && b.o.peer {
+							if runW {
 								n := b.o.messages
 								if lat > 0 {
 									n = min(n, b.o.wmLatMsgs)
@@ -755,11 +905,23 @@ func (b *bench) drain(ctx context.Context) error {
 								}
 								wRuns = append(wRuns, w)
 							}
+							if runF {
+								b.progress("drain floor batch=%d forwarders=%d (run %d of %d)", batch, fw, rep+1, b.o.repeat)
+								f, err := b.drainRun(ctx, "floor", cfg, b.o.messages, lat)
+								if err != nil {
+									return err
+								}
+								fRuns = append(fRuns, f)
+							}
 						}
 						t := medianRun(tRuns)
-						if !haveW && b.o.peer {
+						if runW {
 							w = medianRun(wRuns)
-							wmCache[wkey] = w
+							wmCache[key] = w
+						}
+						if runF {
+							f = medianRun(fRuns)
+							floorCache[key] = f
 						}
 						sk := scaleKey{lat, batch, conc, strict}
 						if txoByFw[sk] == nil {
@@ -771,10 +933,22 @@ func (b *bench) drain(ctx context.Context) error {
 						if w.n != t.n && w.n > 0 {
 							settings += fmt.Sprintf(" (wm %d msgs)", w.n)
 						}
-						b.rows = append(b.rows, row{
+						if b.o.repeat > 1 {
+							settings += fmt.Sprintf(", median of %d runs", b.o.repeat)
+						}
+						// One curve per relay: the first batch-size setting
+						// of the largest batch, one forwarder, no latency.
+						if lat == 0 && fw == slices.Min(b.o.forwarders) && batch == slices.Max(b.o.batches) && strict == b.o.stricts[0] && conc == b.concurrencyFor(0) {
+							b.addCurve("drain", "txoutbox", t)
+							b.addCurve("drain", "Watermill", w)
+							b.addCurve("drain", "floor", f)
+						}
+						b.add(row{
 							scenario: "drain", settings: settings,
-							txo: rate(t.rate), wm: rate(w.rate), ratio: ratio(t.rate, w.rate),
+							txo: t.show(rate(t.rate)), wm: w.show(rate(w.rate)), ratio: faster(t.rate, w.rate),
+							floor: f.show(rate(f.rate)), ofFloor: fraction(t.rate, f.rate),
 							txoDL: t.dl(), wmDL: w.dl(), txoCPU: t.cpu, wmCPU: w.cpu,
+							txoV: t.rate, wmV: w.rate, floorV: f.rate,
 						})
 					}
 				}
@@ -791,11 +965,12 @@ func (b *bench) drain(ctx context.Context) error {
 				continue
 			}
 			w1, wn := wmCache[fmt.Sprint(sk.lat, sk.batch, lo)], wmCache[fmt.Sprint(sk.lat, sk.batch, hi)]
-			b.rows = append(b.rows, row{
+			f1, fn := floorCache[fmt.Sprint(sk.lat, sk.batch, lo)], floorCache[fmt.Sprint(sk.lat, sk.batch, hi)]
+			b.add(row{
 				scenario: "scaling",
-				settings: fmt.Sprintf("latency=%s batch=%d strict=%s conc=%d: fwd=%d / fwd=%d (sustained: txo %s, wm %s)", sk.lat, sk.batch, onOff(sk.strict), sk.conc, hi, lo,
+				settings: fmt.Sprintf("latency=%s batch=%d strict=%s conc=%d: rate with fwd=%d / with fwd=%d (sustained: txo %s, wm %s)", sk.lat, sk.batch, onOff(sk.strict), sk.conc, hi, lo,
 					ratio(tn.sustained, t1.sustained), ratio(wn.sustained, w1.sustained)),
-				txo: ratio(tn.rate, t1.rate), wm: ratio(wn.rate, w1.rate), ratio: "-", txoDL: "-", wmDL: "-",
+				txo: ratio(tn.rate, t1.rate), wm: ratio(wn.rate, w1.rate), floor: ratio(fn.rate, f1.rate),
 			})
 		}
 	}
@@ -814,7 +989,22 @@ func medianRun(runs []outcome) outcome {
 		m.lost += r.lost
 		m.reorders += r.reorders
 	}
+	m.stalledFrom(runs)
 	return m
+}
+
+// stalledFrom makes m, the median of runs, show the first run that did not
+// complete, if one did not: a median that hid it would flatter the relay.
+func (m *outcome) stalledFrom(runs []outcome) {
+	for i, r := range runs {
+		if r.stalled != "" {
+			m.stalled, m.delivered, m.elapsed, m.n = r.stalled, r.delivered, r.elapsed, r.n
+			if len(runs) > 1 {
+				m.stalled += fmt.Sprintf(" in run %d of %d", i+1, len(runs))
+			}
+			return
+		}
+	}
 }
 
 func median(v []float64) float64 {
@@ -829,8 +1019,8 @@ func median(v []float64) float64 {
 // insert reports producer msgs/s: the median of the drain runs' fill phases,
 // or one fill per relay when drain did not run.
 func (b *bench) insert(ctx context.Context) error {
-	for _, kind := range []string{"txo", "wm"} {
-		if len(b.inserts[kind]) > 0 || kind == "wm" && !b.o.peer {
+	for _, kind := range []string{"txo", "wm", "floor"} {
+		if len(b.inserts[kind]) > 0 || kind == "wm" && !b.o.peer || kind == "floor" && !b.o.floor {
 			continue
 		}
 		cfg := relayConfig{batch: b.o.batches[0], strict: true, poll: b.o.poll, forwarders: 1}
@@ -846,9 +1036,11 @@ func (b *bench) insert(ctx context.Context) error {
 		b.inserts[kind] = append(b.inserts[kind], v)
 	}
 	t, w := median(b.inserts["txo"]), median(b.inserts["wm"])
-	b.rows = append(b.rows, row{
-		scenario: "insert", settings: fmt.Sprintf("producers=%d per-tx=%d (median of %d runs)", b.o.producers, b.o.perTx, len(b.inserts["txo"])),
-		txo: rate(t), wm: rate(w), ratio: ratio(t, w), txoDL: "-", wmDL: "-",
+	f := median(b.inserts["floor"])
+	b.add(row{
+		scenario: "insert", settings: fmt.Sprintf("producers=%d per-tx=%d, no relay running (median of %d fills)", b.o.producers, b.o.perTx, len(b.inserts["txo"])),
+		txo: rate(t), wm: rate(w), ratio: faster(t, w), floor: rate(f), ofFloor: fraction(t, f),
+		txoV: t, wmV: w, floorV: f,
 	})
 	return nil
 }
@@ -856,40 +1048,54 @@ func (b *bench) insert(ctx context.Context) error {
 // together runs the producers with the forwarders already running and
 // returns delivered msgs/s over the whole run.
 func (b *bench) together(ctx context.Context, kind string, cfg relayConfig, n int, latency time.Duration, paced bool) (oc outcome, err error) {
+	oc.n = n
 	cfg.name = b.name(kind)
 	r := b.newRelay(kind, cfg)
-	defer func() { err = errors.Join(err, r.Teardown(context.WithoutCancel(ctx))) }()
-	if err := r.Setup(ctx); err != nil {
-		return oc, err
+	defer b.teardown(ctx, r)
+	runCtx, cancel := context.WithTimeout(ctx, b.o.runTimeout)
+	defer cancel()
+	if err := r.Setup(runCtx); err != nil {
+		b.failRun(kind, &oc, fmt.Errorf("set up: %w", err))
+		return oc, ctx.Err()
 	}
 	s := b.newSink(n, latency, true)
 	b.cur = s
 	defer func() { b.cur = nil }()
-	stop, err := r.Start(ctx, s)
+	stop, err := r.Start(runCtx, s)
 	if err != nil {
-		return oc, err
+		b.failRun(kind, &oc, fmt.Errorf("start: %w", err))
+		return oc, ctx.Err()
 	}
 	start := time.Now()
 	// The first -warmup of the load is not measured: both relays start
 	// cold (new connections, statements planned at their first executions).
 	s.recordFrom.Store(start.Add(b.o.warmup).UnixNano())
-	if paced {
-		err = b.produceAt(ctx, r, n, b.o.rate)
-	} else {
-		oc.insert, err = b.produce(ctx, r, n, true)
+	// The producers run while the deliveries are awaited: a relay that
+	// stalls (and may block the producers with its locks) is found by
+	// what it delivers, and the producers are then stopped.
+	prodCtx, stopProducers := context.WithCancel(runCtx)
+	defer stopProducers()
+	produced := make(chan error, 1)
+	go func() {
+		var err error
+		if paced {
+			err = b.produceAt(prodCtx, r, n, b.o.rate)
+		} else {
+			oc.insert, err = b.produce(prodCtx, r, n, true)
+		}
+		produced <- err
+	}()
+	why := b.await(runCtx, s)
+	stopProducers()
+	if perr := <-produced; perr != nil && why == "" {
+		why = "failed: producers: " + perr.Error()
 	}
-	if err == nil {
-		b.await(ctx, s)
-	}
-	stop()
-	if err != nil {
-		return oc, err
-	}
-	oc.n = n
+	b.bounded(kind+" forwarders' stop", stop)
+	oc.elapsed = time.Since(start)
 	if at := s.doneAt.Load(); at > 0 {
 		oc.rate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
 	}
-	b.finish(&oc, s)
+	b.finishRun(kind, &oc, s, why)
 	return oc, ctx.Err()
 }
 
@@ -922,9 +1128,15 @@ func (b *bench) steady(ctx context.Context) error {
 			if b.o.repeat > 1 {
 				runs = fmt.Sprintf(", median of %d runs", b.o.repeat)
 			}
-			b.rows = append(b.rows, row{
-				scenario: "steady", settings: fmt.Sprintf("latency=0 batch=%d fwd=%d strict=on conc=%d; p99 lag after %s warm-up txo %s, wm %s%s", batch, fw, conc, b.o.warmup, ms(t.p99), ms(w.p99), runs),
-				txo: rate(t.rate), wm: rate(w.rate), ratio: ratio(t.rate, w.rate), txoDL: t.dl(), wmDL: w.dl(),
+			settings := fmt.Sprintf("batch=%d fwd=%d strict=on conc=%d, %d producers writing %d msgs flat out%s", batch, fw, conc, b.o.producers, b.o.messages, runs)
+			b.add(row{
+				scenario: "steady delivered", settings: fmt.Sprintf("%s; p99 lag after %s warm-up txo %s, wm %s", settings, b.o.warmup, ms(t.p99), ms(w.p99)),
+				txo: t.show(rate(t.rate)), wm: w.show(rate(w.rate)), ratio: faster(t.rate, w.rate), txoDL: t.dl(), wmDL: w.dl(),
+				txoV: t.rate, wmV: w.rate,
+			}, row{
+				scenario: "steady producers", settings: settings + "; producer msgs/s beside the running forwarders",
+				txo: t.show(rate(t.insert)), wm: w.show(rate(w.insert)), ratio: faster(t.insert, w.insert),
+				txoV: t.insert, wmV: w.insert,
 			})
 		}
 	}
@@ -986,9 +1198,15 @@ func (b *bench) latency(ctx context.Context) error {
 		runs = fmt.Sprintf(", median of %d runs", b.o.repeat)
 	}
 	settings := fmt.Sprintf("rate=%d/s %s after %s warm-up, batch=%d%s; txo NOTIFY (poll 1s), wm poll %s", b.o.rate, b.o.duration, b.o.warmup, batch, runs, wmPoll)
-	b.rows = append(b.rows,
-		row{scenario: "latency p50", settings: settings, txo: ms(t.p50), wm: ms(best.p50), ratio: speed(t.p50, best.p50), txoDL: t.dl(), wmDL: best.dl()},
-		row{scenario: "latency p99", settings: settings, txo: ms(t.p99), wm: ms(best.p99), ratio: speed(t.p99, best.p99), txoDL: t.dl(), wmDL: best.dl()},
+	for _, r := range txoRuns {
+		b.latSamples["txoutbox"] = append(b.latSamples["txoutbox"], r.lats...)
+	}
+	for _, r := range wmRuns {
+		b.latSamples["Watermill"] = append(b.latSamples["Watermill"], r.lats...)
+	}
+	b.add(
+		row{scenario: "latency p50", settings: settings, txo: t.show(ms(t.p50)), wm: best.show(ms(best.p50)), ratio: speed(t.p50, best.p50), txoDL: t.dl(), wmDL: best.dl()},
+		row{scenario: "latency p99", settings: settings, txo: t.show(ms(t.p99)), wm: best.show(ms(best.p99)), ratio: speed(t.p99, best.p99), txoDL: t.dl(), wmDL: best.dl()},
 		// The same messages from the return of their producer's Commit: the
 		// relay's part, without the producers' transactions (which differ:
 		// txoutbox's table has a key index and the NOTIFY trigger).
@@ -1010,8 +1228,9 @@ func medianRuns(runs []outcome) outcome {
 	rp50s := make([]time.Duration, len(runs))
 	rp99s := make([]time.Duration, len(runs))
 	rates := make([]float64, len(runs))
+	inserts := make([]float64, len(runs))
 	for i, r := range runs {
-		p50s[i], p99s[i], rates[i] = r.p50, r.p99, r.rate
+		p50s[i], p99s[i], rates[i], inserts[i] = r.p50, r.p99, r.rate, r.insert
 		rp50s[i], rp99s[i] = r.rp50, r.rp99
 		m.dup += r.dup
 		m.lost += r.lost
@@ -1024,6 +1243,8 @@ func medianRuns(runs []outcome) outcome {
 	slices.Sort(rates)
 	m.p50, m.p99, m.rate = p50s[len(runs)/2], p99s[len(runs)/2], rates[len(runs)/2]
 	m.rp50, m.rp99 = rp50s[len(runs)/2], rp99s[len(runs)/2]
+	m.insert = median(inserts)
+	m.stalledFrom(runs)
 	return m
 }
 
@@ -1081,9 +1302,9 @@ func (b *bench) hotkey(ctx context.Context) error {
 			b.lost = true // a duplicate here is a relay bug: fail the command
 			b.progress("FAIL: txoutbox published %d duplicates with hot keys", t.dup)
 		}
-		b.rows = append(b.rows, row{
+		b.add(row{
 			scenario: "hotkey", settings: fmt.Sprintf("%s latency=%s batch=%d fwd=%d conc=%d lease=%s", l.name, latency, cfg.batch, fw, cfg.concurrency, cfg.lease),
-			txo: rate(t.rate), wm: rate(w.rate), ratio: ratio(t.rate, w.rate), txoDL: t.dl(), wmDL: w.dl(),
+			txo: t.show(rate(t.rate)), wm: w.show(rate(w.rate)), ratio: faster(t.rate, w.rate), txoDL: t.dl(), wmDL: w.dl(),
 		})
 	}
 	return nil

@@ -122,7 +122,7 @@ wait:
 	fields := strings.Fields(result) // "<forwarded> <seconds>"
 	forwarded, _ := strconv.Atoi(fields[0])
 	secs, _ := strconv.ParseFloat(fields[1], 64)
-	b.rows = append(b.rows, row{
+	b.add(row{
 		scenario: "peak RSS",
 		settings: fmt.Sprintf("%d pending rows, forwarded %d at %.0f/s; batch=%d conc=%d (child VmHWM)", b.o.rssRows, forwarded, float64(forwarded)/secs, batch, conc),
 		txo:      fmt.Sprintf("%.1f MiB", float64(peak)/1024), wm: "-", ratio: "-", txoDL: "-", wmDL: "-",

@@ -35,6 +35,9 @@ type sink struct {
 	// unix nanos when a tenth and nine tenths of the target were delivered:
 	// the sustained rate leaves out the start and the tail of a drain.
 	tenthAt, nineTenthsAt atomic.Int64
+	// marks[i] (unix nanos): when i percent of the target had been
+	// delivered, for the progress curves of the plots.
+	marks [101]atomic.Int64
 
 	recordLatency bool
 	// recordFrom (unix nanos): latencies of messages sent before it are not
@@ -126,6 +129,9 @@ func (s *sink) Publish(_ string, msgs ...*message.Message) error {
 			continue
 		}
 		u := s.unique.Add(1)
+		if step := max(s.target/100, 1); u%step == 0 && u/step <= 100 {
+			s.marks[u/step].Store(now.UnixNano())
+		}
 		switch u {
 		case s.target / 10:
 			s.tenthAt.Store(time.Now().UnixNano())
@@ -144,6 +150,22 @@ func (s *sink) Publish(_ string, msgs ...*message.Message) error {
 
 // Close implements message.Publisher.
 func (s *sink) Close() error { return nil }
+
+// point is one point of a plotted curve.
+type point struct{ x, y float64 }
+
+// curve returns the fraction of the target delivered against the seconds
+// since start, at each percent reached.
+func (s *sink) curve(start time.Time) []point {
+	pts := []point{{0, 0}}
+	step := max(s.target/100, 1)
+	for i := range s.marks {
+		if at := s.marks[i].Load(); at > 0 {
+			pts = append(pts, point{time.Unix(0, at).Sub(start).Seconds(), float64(int64(i)*step) / float64(s.target)})
+		}
+	}
+	return pts
+}
 
 // losses counts messages never delivered.
 func (s *sink) losses() int64 { return s.target - s.unique.Load() }
