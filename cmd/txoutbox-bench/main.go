@@ -74,10 +74,10 @@ type options struct {
 	runTimeout  time.Duration
 	quick       bool
 	deleteOnAck bool
-	peer        bool   // run Watermill's forwarder too
-	repeat      int    // drain, steady and latency runs per setting; medians are reported
-	cpuProfile  string // write a CPU profile of this process here
-	hotMsgs     int    // messages of each hotkey run
+	peer        bool          // run Watermill's forwarder too
+	repeat      int           // drain, steady and latency runs per setting; medians are reported
+	cpuProfile  string        // write a CPU profile of this process here
+	hotMsgs     int           // messages of each hotkey run
 	stall       time.Duration // a run with no delivery for this long is stalled
 	floor       bool          // run the floor relay beside the drains
 	notifyRates []int         // commits/s of the notify scenario

@@ -21,10 +21,10 @@ type notifyPoint struct {
 
 // notifyRun is one run of the notify scenario.
 type notifyRun struct {
-	achieved     float64       // commits/s
-	p50, p99     time.Duration // BEGIN to the return of COMMIT
-	dbCPU, selfUS float64      // CPU per commit, microseconds (0: not measured)
-	failed       string
+	achieved      float64       // commits/s
+	p50, p99      time.Duration // BEGIN to the return of COMMIT
+	dbCPU, selfUS float64       // CPU per commit, microseconds (0: not measured)
+	failed        string
 }
 
 // notify measures what the NOTIFY trigger costs the producers: at each
