@@ -764,7 +764,7 @@ func (b *bench) finishRun(kind string, oc *outcome, s *sink, why string) {
 	b.finish(oc, s)
 	if why != "" {
 		oc.stalled = why
-		b.progress("%s run %s: %d of %d delivered in %s", kind, why, oc.delivered, oc.n, oc.elapsed.Round(time.Millisecond))
+		b.progress("%s run %s: %d of %d delivered in %s; first undelivered: %s", kind, why, oc.delivered, oc.n, oc.elapsed.Round(time.Millisecond), strings.Join(s.missing(5), " "))
 	}
 	if kind == "wm" {
 		b.lost = lost

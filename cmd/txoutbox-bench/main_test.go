@@ -4,7 +4,12 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"database/sql"
+	"encoding/xml"
+	"errors"
+	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -58,17 +63,22 @@ func TestQuickRunsEveryScenario(t *testing.T) {
 		t.Fatalf("run = %d, %v; output:\n%s", code, err, out.String())
 	}
 	text := out.String()
-	for _, want := range []string{"drain", "insert", "steady", "latency p99", "peak RSS", "MiB"} {
+	for _, want := range []string{"drain", "insert", "steady delivered", "steady producers", "latency p99", "100/s commit p99", "500/s CPU per commit", "peak RSS", "MiB"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
 		}
+	}
+	// The drains without broker latency have a floor figure and the
+	// fraction of it txoutbox reached, streamed as they finished.
+	if !regexp.MustCompile(`(?m)^= drain latency=0s batch=100 fwd=1 strict=on .*floor [0-9]+/s; txoutbox/floor [0-9.]+`).MatchString(text) {
+		t.Errorf("no streamed drain row with a floor figure:\n%s", text)
 	}
 	if strings.Contains(text, "FAIL") {
 		t.Errorf("output reports a failure:\n%s", text)
 	}
 	// A smoke run measures no warm-up, so steady has lags to report (with
 	// the full run's warm-up its few messages were all sent before it).
-	if !regexp.MustCompile(`steady .* txo [0-9.]+ms, wm [0-9.]+ms`).MatchString(text) {
+	if !regexp.MustCompile(`steady delivered .* txo [0-9.]+ms, wm [0-9.]+ms`).MatchString(text) {
 		t.Errorf("the steady rows report no p99 lag:\n%s", text)
 	}
 	checkNoBenchTables(t, url)
@@ -350,4 +360,240 @@ func checkNoBenchTables(t *testing.T, url string) {
 	if left != 0 {
 		t.Errorf("%d bench tables left behind", left)
 	}
+}
+
+func mysqlDSN(t *testing.T) string {
+	t.Helper()
+	dsn := cmp.Or(os.Getenv("TEST_MYSQL_DSN"), "root@tcp(127.0.0.1:3306)/test")
+	db, err := openMySQL(dsn, 1)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		err = db.PingContext(ctx)
+		cancel()
+		_ = db.Close()
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("MySQL not reachable at %s: %v", dsn, err)
+		}
+		t.Skipf("MySQL not reachable (%v)", err)
+	}
+	return dsn
+}
+
+// TestQuickMySQL runs the -quick workload on MySQL/MariaDB: txoutbox,
+// Watermill and the floor drain without loss, and the tables are dropped.
+func TestQuickMySQL(t *testing.T) {
+	dsn := mysqlDSN(t)
+	o, err := parseFlags([]string{"-db", "mysql", "-quick", "-url", dsn, "-latency", "0", "-forwarders", "1,2", "-strict", "on"}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	code, err := run(t.Context(), o, &out)
+	if err != nil || code != 0 {
+		t.Fatalf("run = %d, %v; output:\n%s", code, err, out.String())
+	}
+	text := out.String()
+	if !regexp.MustCompile(`(?m)^= drain latency=0s batch=100 fwd=2 strict=on .*floor [0-9]+/s; txoutbox/floor [0-9.]+; dup/lost txo 0/0`).MatchString(text) {
+		t.Errorf("no MySQL drain row with a floor figure:\n%s", text)
+	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var left int
+	if err := db.QueryRowContext(t.Context(), "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?",
+		"bench\\_%\\_"+strconv.Itoa(os.Getpid())+"\\_%").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d bench tables left behind", left)
+	}
+}
+
+// TestFasterSaysWhichWay: a throughput comparison reads "faster" only when
+// txoutbox's rate is the higher one, and the factor is always >= 1.
+func TestFasterSaysWhichWay(t *testing.T) {
+	for _, c := range []struct {
+		txo, wm float64
+		want    string
+	}{
+		{2000, 1000, "2.00x faster"},
+		{1000, 1000, "1.00x faster"},
+		{880, 1000, "1.14x slower"},
+		{0, 1000, "-"},
+		{1000, 0, "-"},
+	} {
+		if got := faster(c.txo, c.wm); got != c.want {
+			t.Errorf("faster(%.0f, %.0f) = %q, want %q", c.txo, c.wm, got, c.want)
+		}
+	}
+}
+
+// TestAwaitReportsAStall: a run in which nothing is delivered for -stall is
+// given up as stalled, without waiting for -run-timeout; a complete one
+// returns "".
+func TestAwaitReportsAStall(t *testing.T) {
+	b := &bench{o: options{stall: 300 * time.Millisecond, runTimeout: time.Hour}}
+	s := newSink(3, 0, nil, 0, false)
+	if err := s.Publish("t", messageWithUUID(makeUUID(0))); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	why := b.await(t.Context(), s)
+	if !strings.HasPrefix(why, "stalled") {
+		t.Fatalf("await = %q, want a stall", why)
+	}
+	if d := time.Since(start); d > time.Minute {
+		t.Errorf("the stall took %s to be seen", d)
+	}
+	if got := s.missing(5); strings.Join(got, " ") != makeUUID(1)+" "+makeUUID(2) {
+		t.Errorf("missing = %v, want messages 1 and 2", got)
+	}
+	oc := outcome{n: 3, stalled: why, delivered: 1, elapsed: 2 * time.Second}
+	if got := oc.show("9/s"); !strings.Contains(got, "1 of 3 delivered in 2s") {
+		t.Errorf("show = %q, want what the run delivered", got)
+	}
+	for i := 1; i < 3; i++ {
+		if err := s.Publish("t", messageWithUUID(makeUUID(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if why := b.await(t.Context(), s); why != "" {
+		t.Errorf("await on a complete run = %q, want \"\"", why)
+	}
+}
+
+// TestMedianShowsAStalledRun: a median over runs of which one stalled shows
+// the stall, not the figure of the runs that completed.
+func TestMedianShowsAStalledRun(t *testing.T) {
+	runs := []outcome{{rate: 100, n: 10}, {rate: 0, n: 10, stalled: "stalled: x", delivered: 4}, {rate: 300, n: 10}}
+	for name, m := range map[string]outcome{"medianRun": medianRun(runs), "medianRuns": medianRuns(runs)} {
+		if !strings.Contains(m.show(rate(m.rate)), "stalled: x in run 2 of 3 (4 of 10 delivered") {
+			t.Errorf("%s shows %q", name, m.show(rate(m.rate)))
+		}
+	}
+}
+
+// TestMarkdownAndReportBlock: -markdown escapes the cells, and -report
+// replaces only its own block of the file.
+func TestMarkdownAndReportBlock(t *testing.T) {
+	b := &bench{}
+	b.rows = []row{{scenario: "drain", settings: "a|b", txo: "1/s", wm: "2/s", ratio: faster(1, 2)},
+		{table: tableNotify, scenario: "100/s commit p99", settings: "x", txo: "1.00ms", wm: "0.50ms", ratio: costMS(time.Millisecond, time.Millisecond/2)}}
+	var md bytes.Buffer
+	b.printMarkdown(&md)
+	for _, want := range []string{"| drain | a\\|b | 1/s | 2/s | 2.00x slower |", "| scenario | settings | with NOTIFY trigger |", "| +0.50ms (2.00x) |"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md.String())
+		}
+	}
+	file := filepath.Join(t.TempDir(), "r.md")
+	orig := "# R\n<!-- txoutbox-bench:postgres -->\nold\n<!-- /txoutbox-bench:postgres -->\nkeep\n<!-- txoutbox-bench:mysql -->\nmine\n<!-- /txoutbox-bench:mysql -->\n"
+	if err := os.WriteFile(file, []byte(orig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := replaceBlock(file, "postgres", "new\n"); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(file)
+	want := strings.Replace(orig, "\nold\n", "\nnew\n", 1)
+	if string(got) != want {
+		t.Errorf("after replaceBlock:\n%s\nwant:\n%s", got, want)
+	}
+	if err := replaceBlock(file, "sqlite", "x"); err == nil {
+		t.Error("replaceBlock of a missing block succeeded")
+	}
+}
+
+// TestPlotsAreValidSVGWithTheirSeries writes the plots of a made-up run and
+// checks each file is well-formed SVG that names its series.
+func TestPlotsAreValidSVGWithTheirSeries(t *testing.T) {
+	b := &bench{o: options{rate: 1000}, latSamples: map[string][]time.Duration{}}
+	b.rows = []row{
+		{scenario: "drain", settings: "latency=0s batch=1000 fwd=1 strict=on conc=16, median of 3 runs", txoV: 50000, wmV: 20000, floorV: 90000},
+		{scenario: "drain", settings: "latency=1ms batch=1000 fwd=1 strict=on conc=128 (wm 5000 msgs)", txoV: 30000, wmV: 800},
+		{scenario: "steady producers", settings: "batch=1000 fwd=4 strict=on conc=16, 4 producers", txoV: 20000, wmV: 24000},
+		{scenario: "scaling", settings: "latency=0s", txo: "0.9x"},
+	}
+	for i := range 1000 {
+		b.latSamples["txoutbox"] = append(b.latSamples["txoutbox"], time.Duration(i+1)*10*time.Microsecond)
+		b.latSamples["Watermill"] = append(b.latSamples["Watermill"], time.Duration(i+1)*20*time.Microsecond)
+	}
+	pts := []point{{0, 0}, {0.5, 0.5}, {1, 1}}
+	b.curves = []curve{{"drain", "txoutbox", pts}, {"drain", "Watermill", pts}, {"drain", "floor", pts}, {"outage", "after the outage", pts}, {"outage", "normal drain", pts}}
+	b.notifyPts = []notifyPoint{
+		{rate: 100, with: notifyRun{p50: time.Millisecond, p99: 3 * time.Millisecond}, without: notifyRun{p50: time.Millisecond, p99: 2 * time.Millisecond}},
+		{rate: 1000, with: notifyRun{p50: 2 * time.Millisecond, p99: 9 * time.Millisecond}, without: notifyRun{p50: time.Millisecond, p99: 4 * time.Millisecond}},
+	}
+	dir := t.TempDir()
+	files, err := b.writePlots(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{
+		"throughput.svg":                {"txoutbox", "Watermill", "floor", "drain batch=1000 fwd=1 strict=on conc=16", "steady producers batch=1000 fwd=4"},
+		"throughput-broker-latency.svg": {"txoutbox", "Watermill", "drain 1ms batch=1000"},
+		"latency.svg":                   {"txoutbox", "Watermill"},
+		"drain-progress.svg":            {"txoutbox", "Watermill", "floor"},
+		"recovery.svg":                  {"after the outage", "normal drain"},
+		"notify.svg":                    {"p99 with NOTIFY", "p99 without", "p50 with NOTIFY"},
+	}
+	if len(files) != len(want) {
+		t.Errorf("wrote %v, want %d files", files, len(want))
+	}
+	for name, series := range want {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		text, err := svgText(data)
+		if err != nil {
+			t.Errorf("%s is not well-formed SVG: %v", name, err)
+			continue
+		}
+		for _, s := range series {
+			if !strings.Contains(text, s) {
+				t.Errorf("%s does not show %q; its text: %q", name, s, text)
+			}
+		}
+	}
+	// A bench that measured nothing draws nothing.
+	empty, err := (&bench{latSamples: map[string][]time.Duration{}}).writePlots(t.TempDir())
+	if err != nil || len(empty) != 0 {
+		t.Errorf("empty bench wrote %v, %v", empty, err)
+	}
+}
+
+// svgText parses data as XML with an <svg> root and returns its character
+// data.
+func svgText(data []byte) (string, error) {
+	d := xml.NewDecoder(bytes.NewReader(data))
+	var text strings.Builder
+	root := ""
+	for {
+		tok, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return "", err
+		}
+		switch tok := tok.(type) {
+		case xml.StartElement:
+			if root == "" {
+				root = tok.Name.Local
+			}
+		case xml.CharData:
+			text.Write(tok)
+			text.WriteByte(' ')
+		}
+	}
+	if root != "svg" {
+		return "", errors.New("root element is " + root + ", want svg")
+	}
+	return text.String(), nil
 }

@@ -167,6 +167,20 @@ func (s *sink) curve(start time.Time) []point {
 	return pts
 }
 
+// missing returns the UUIDs of up to n messages not delivered yet.
+func (s *sink) missing(n int) []string {
+	var out []string
+	for i := range s.counts {
+		if len(out) == n {
+			break
+		}
+		if s.counts[i].Load() == 0 {
+			out = append(out, makeUUID(i))
+		}
+	}
+	return out
+}
+
 // losses counts messages never delivered.
 func (s *sink) losses() int64 { return s.target - s.unique.Load() }
 
