@@ -8,7 +8,7 @@ GOBIN = $(shell go env GOPATH)/bin
 
 .PHONY: help
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: test
 test: ## Run the tests with -race (PostgreSQL, RabbitMQ and NATS on loopback; see CONTRIBUTING.md)
@@ -25,6 +25,11 @@ lint: ## gofmt, go mod tidy and golangci-lint checks, as CI runs them
 .PHONY: bench
 bench: ## Run the benchmark against Watermill's forwarder (3 to 5 minutes; see docs/benchmarks.md)
 	go run ./cmd/txoutbox-bench
+
+.PHONY: bench-report
+bench-report: ## Re-measure docs/benchmarks.md's tables and plots on PostgreSQL and MariaDB (about 45 minutes; a quiet machine)
+	go run ./cmd/txoutbox-bench -repeat 3 -scenarios insert,drain,steady,latency,notify,hotkey,rss,outage -plot docs/benchmarks -report docs/benchmarks.md
+	go run ./cmd/txoutbox-bench -db mysql -repeat 3 -plot docs/benchmarks/mysql -report docs/benchmarks.md
 
 .PHONY: faults
 faults: ## Run the fault suite alone, with a real PostgreSQL restart (see docs/reliability.md)

@@ -95,9 +95,18 @@ FROM generate_series(0, $1 - 1) g`, store.Table(), keyExpr), b.o.rssRows, destTo
 	var result string
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
+	deadline := time.NewTimer(b.o.runTimeout)
+	defer deadline.Stop()
 wait:
 	for {
 		select {
+		case <-deadline.C:
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			b.add(row{scenario: "peak RSS", settings: fmt.Sprintf("%d pending rows (child VmHWM)", b.o.rssRows),
+				txo: fmt.Sprintf("timed out after -run-timeout %s (%.1f MiB so far)", b.o.runTimeout, float64(peak)/1024)})
+			b.lost = true
+			return nil
 		case l, ok := <-lines:
 			if !ok {
 				break wait
