@@ -1087,8 +1087,9 @@ func (b *bench) together(ctx context.Context, kind string, cfg relayConfig, n in
 	}()
 	why := b.await(runCtx, s)
 	stopProducers()
-	if perr := <-produced; perr != nil && why == "" {
-		why = "failed: producers: " + perr.Error()
+	if perr := <-produced; perr != nil && !errors.Is(perr, context.Canceled) {
+		// A producer's error says more than the stall it caused.
+		why = strings.TrimPrefix(why+"; ", "; ") + "failed: producers: " + perr.Error()
 	}
 	b.bounded(kind+" forwarders' stop", stop)
 	oc.elapsed = time.Since(start)
