@@ -255,8 +255,8 @@ func (r *floorMyRelay) PublishTx(ctx context.Context, msgs []*message.Message) e
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	defer tx.Rollback() //nolint:errcheck // no-op after commit
-	q := "INSERT INTO " + r.table + " (uuid, topic, `key`, payload, metadata, created_at, due_at) VALUES " +
+	defer tx.Rollback()                                                                                      //nolint:errcheck // no-op after commit
+	q := "INSERT INTO " + r.table + " (uuid, topic, `key`, payload, metadata, created_at, due_at) VALUES " + //nolint:gosec // the bench's own table; values are bound
 		strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, NOW(6), NOW(6)),", len(msgs)), ",")
 	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 		return fmt.Errorf("floor: insert: %w", err)
@@ -265,7 +265,7 @@ func (r *floorMyRelay) PublishTx(ctx context.Context, msgs []*message.Message) e
 }
 
 func (r *floorMyRelay) Start(ctx context.Context, target message.Publisher) (func(), error) {
-	sel := "SELECT id, uuid, topic, payload, metadata FROM " + r.table +
+	sel := "SELECT id, uuid, topic, payload, metadata FROM " + r.table + //nolint:gosec // the bench's own table; values are bound
 		" WHERE due_at <= NOW(6) AND (leased_until IS NULL OR leased_until < NOW(6)) ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
 	once := func(ctx context.Context, worker string) (int, error) {
 		tx, err := r.fwdDB.BeginTx(ctx, nil)
@@ -273,39 +273,16 @@ func (r *floorMyRelay) Start(ctx context.Context, target message.Publisher) (fun
 			return 0, err
 		}
 		defer tx.Rollback() //nolint:errcheck // no-op after commit
-		rows, err := tx.QueryContext(ctx, sel, r.cfg.batch)
+		ids, msgs, topic, err := floorMySQLRows(ctx, tx, sel, r.cfg.batch)
 		if err != nil {
-			return 0, fmt.Errorf("claim: %w", err)
-		}
-		var ids []any
-		var msgs []*message.Message
-		var topic string
-		for rows.Next() {
-			var id int64
-			var uuid string
-			var payload, metadata []byte
-			if err := rows.Scan(&id, &uuid, &topic, &payload, &metadata); err != nil {
-				_ = rows.Close()
-				return 0, err
-			}
-			m, err := floorMessage(uuid, payload, metadata)
-			if err != nil {
-				_ = rows.Close()
-				return 0, err
-			}
-			ids, msgs = append(ids, id), append(msgs, m)
-		}
-		if err := rows.Close(); err != nil {
-			return 0, err
-		}
-		if err := rows.Err(); err != nil {
 			return 0, fmt.Errorf("claim: %w", err)
 		}
 		if len(ids) == 0 {
 			return 0, tx.Commit()
 		}
 		in := strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",")
-		if _, err := tx.ExecContext(ctx, "UPDATE "+r.table+" SET attempts = attempts + 1, leased_by = ?, leased_until = NOW(6) + INTERVAL ? SECOND WHERE id IN ("+in+")",
+		lease := "UPDATE " + r.table + " SET attempts = attempts + 1, leased_by = ?, leased_until = NOW(6) + INTERVAL ? SECOND WHERE id IN (" + in + ")" //nolint:gosec // the bench's own table and placeholders; values are bound
+		if _, err := tx.ExecContext(ctx, lease,
 			append([]any{worker, int(floorLease / time.Second)}, ids...)...); err != nil {
 			return 0, fmt.Errorf("claim: lease: %w", err)
 		}
@@ -315,7 +292,8 @@ func (r *floorMyRelay) Start(ctx context.Context, target message.Publisher) (fun
 		if err := target.Publish(topic, msgs...); err != nil {
 			return 0, fmt.Errorf("publish: %w", err)
 		}
-		if _, err := r.fwdDB.ExecContext(ctx, "DELETE FROM "+r.table+" WHERE id IN ("+in+")", ids...); err != nil {
+		ack := "DELETE FROM " + r.table + " WHERE id IN (" + in + ")" //nolint:gosec // the bench's own table and placeholders; values are bound
+		if _, err := r.fwdDB.ExecContext(ctx, ack, ids...); err != nil {
 			return 0, fmt.Errorf("ack: %w", err)
 		}
 		return len(ids), nil
@@ -333,4 +311,28 @@ func (r *floorMyRelay) Teardown(ctx context.Context) error {
 		_ = r.prodDB.Close()
 	}
 	return err
+}
+
+// floorMySQLRows runs the floor's locking SELECT on MySQL and returns the
+// ids and messages of the rows it locked.
+func floorMySQLRows(ctx context.Context, tx *sql.Tx, sel string, batch int) (ids []any, msgs []*message.Message, topic string, err error) {
+	rows, err := tx.QueryContext(ctx, sel, batch)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var uuid string
+		var payload, metadata []byte
+		if err := rows.Scan(&id, &uuid, &topic, &payload, &metadata); err != nil {
+			return nil, nil, "", err
+		}
+		m, err := floorMessage(uuid, payload, metadata)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		ids, msgs = append(ids, id), append(msgs, m)
+	}
+	return ids, msgs, topic, rows.Err()
 }

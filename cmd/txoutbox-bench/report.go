@@ -179,7 +179,7 @@ func replaceBlock(file, name, text string) error {
 		return fmt.Errorf("%s has no block %s ... %s", file, begin, end)
 	}
 	s = s[:i+len(begin)] + "\n" + text + s[j:]
-	return os.WriteFile(file, []byte(s), 0o644)
+	return os.WriteFile(file, []byte(s), 0o644) //nolint:gosec // a Markdown file of the repository
 }
 
 // machine describes where the figures come from: CPU, memory, database
