@@ -596,6 +596,7 @@ type outcome struct {
 	// ("stalled: nothing delivered for 30s", "failed: ..."), with what it
 	// delivered by then and how long it ran; "" for a complete run.
 	stalled   string
+	note      string // a median's runs that did not complete
 	delivered int64
 	elapsed   time.Duration
 	lats      []time.Duration // sorted latencies (runs that record them)
@@ -604,10 +605,15 @@ type outcome struct {
 
 // show returns fig, or what the run did if it did not complete.
 func (oc outcome) show(fig string) string {
-	if oc.stalled == "" {
-		return fig
+	switch {
+	case oc.stalled != "" && strings.Contains(oc.stalled, "(every run"):
+		return oc.stalled
+	case oc.stalled != "":
+		return fmt.Sprintf("%s (%d of %d delivered in %s)", oc.stalled, oc.delivered, oc.n, oc.elapsed.Round(100*time.Millisecond))
+	case oc.note != "":
+		return fig + " (" + oc.note + ")"
 	}
-	return fmt.Sprintf("%s (%d of %d delivered in %s)", oc.stalled, oc.delivered, oc.n, oc.elapsed.Round(100*time.Millisecond))
+	return fig
 }
 
 func (oc outcome) dl() string {
@@ -763,12 +769,39 @@ func (b *bench) finishRun(kind string, oc *outcome, s *sink, why string) {
 	lost := b.lost
 	b.finish(oc, s)
 	if why != "" {
+		if b.o.db == "postgres" {
+			why += b.heldBack()
+		}
 		oc.stalled = why
 		b.progress("%s run %s: %d of %d delivered in %s; first undelivered: %s", kind, why, oc.delivered, oc.n, oc.elapsed.Round(time.Millisecond), strings.Join(s.missing(5), " "))
 	}
 	if kind == "wm" {
 		b.lost = lost
 	}
+}
+
+// heldBack names the oldest transaction open elsewhere in the database, if
+// one has been open longer than -stall: it holds back the snapshot's xmin,
+// and watermill-sql's PostgreSQL subscriber reads only rows whose
+// transaction is older than that xmin (its commit fence), so it delivers
+// nothing until that transaction ends.
+func (b *bench) heldBack() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, b.o.url)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close(ctx)
+	var age time.Duration
+	var app, state string
+	err = conn.QueryRow(ctx, `SELECT now() - xact_start, application_name, state FROM pg_stat_activity
+WHERE xact_start IS NOT NULL AND backend_xmin IS NOT NULL AND pid <> pg_backend_pid() AND application_name <> $1
+ORDER BY xact_start LIMIT 1`, benchApp).Scan(&age, &app, &state)
+	if err != nil || age < b.o.stall {
+		return ""
+	}
+	return fmt.Sprintf("; a transaction open %s elsewhere (application %q, %s) held back the snapshot", age.Round(time.Second), app, state)
 }
 
 // teardown drops a run's tables, bounded (a stalled relay's connections may
@@ -980,7 +1013,7 @@ func (b *bench) drain(ctx context.Context) error {
 // medianRun returns the run with the median rate, with the duplicates, losses
 // and reorders of all the runs added up.
 func medianRun(runs []outcome) outcome {
-	sorted := slices.Clone(runs)
+	sorted := completed(runs)
 	slices.SortFunc(sorted, func(a, b outcome) int { return cmp.Compare(a.rate, b.rate) })
 	m := sorted[len(sorted)/2]
 	m.dup, m.lost, m.reorders = 0, 0, 0
@@ -993,17 +1026,47 @@ func medianRun(runs []outcome) outcome {
 	return m
 }
 
-// stalledFrom makes m, the median of runs, show the first run that did not
-// complete, if one did not: a median that hid it would flatter the relay.
+// completed returns the runs that delivered every message, or all of them
+// if none did.
+func completed(runs []outcome) []outcome {
+	var out []outcome
+	for _, r := range runs {
+		if r.stalled == "" {
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return slices.Clone(runs)
+	}
+	return out
+}
+
+// stalledFrom makes m, the median of the completed runs, say how many runs
+// did not complete and why the first one did not: a median that hid them
+// would flatter the relay. With no completed run, m is the first run's
+// stall.
 func (m *outcome) stalledFrom(runs []outcome) {
+	stalled, first := 0, -1
 	for i, r := range runs {
 		if r.stalled != "" {
-			m.stalled, m.delivered, m.elapsed, m.n = r.stalled, r.delivered, r.elapsed, r.n
-			if len(runs) > 1 {
-				m.stalled += fmt.Sprintf(" in run %d of %d", i+1, len(runs))
+			stalled++
+			if first < 0 {
+				first = i
 			}
-			return
 		}
+	}
+	switch {
+	case stalled == 0:
+	case stalled == len(runs):
+		r := runs[first]
+		m.stalled, m.delivered, m.elapsed, m.n = r.stalled, r.delivered, r.elapsed, r.n
+		if len(runs) > 1 {
+			m.stalled = fmt.Sprintf("%s (every run; the first: %d of %d delivered in %s)", r.stalled, r.delivered, r.n, r.elapsed.Round(100*time.Millisecond))
+		}
+	default:
+		r := runs[first]
+		m.note = fmt.Sprintf("median of the %d complete runs; run %d of %d %s, %d of %d delivered in %s",
+			len(runs)-stalled, first+1, len(runs), r.stalled, r.delivered, r.n, r.elapsed.Round(100*time.Millisecond))
 	}
 }
 
@@ -1219,11 +1282,12 @@ func (b *bench) latency(ctx context.Context) error {
 
 // medianRuns returns the median rate, p50 and p99 of runs, each taken on
 // its own, with the duplicates and losses of all the runs added up.
-func medianRuns(runs []outcome) outcome {
+func medianRuns(all []outcome) outcome {
 	var m outcome
-	if len(runs) == 0 {
+	if len(all) == 0 {
 		return m
 	}
+	runs := completed(all)
 	p50s := make([]time.Duration, len(runs))
 	p99s := make([]time.Duration, len(runs))
 	rp50s := make([]time.Duration, len(runs))
@@ -1245,7 +1309,13 @@ func medianRuns(runs []outcome) outcome {
 	m.p50, m.p99, m.rate = p50s[len(runs)/2], p99s[len(runs)/2], rates[len(runs)/2]
 	m.rp50, m.rp99 = rp50s[len(runs)/2], rp99s[len(runs)/2]
 	m.insert = median(inserts)
-	m.stalledFrom(runs)
+	m.dup, m.lost, m.reorders = 0, 0, 0
+	for _, r := range all {
+		m.dup += r.dup
+		m.lost += r.lost
+		m.reorders += r.reorders
+	}
+	m.stalledFrom(all)
 	return m
 }
 

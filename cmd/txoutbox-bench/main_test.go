@@ -466,13 +466,23 @@ func TestAwaitReportsAStall(t *testing.T) {
 	}
 }
 
-// TestMedianShowsAStalledRun: a median over runs of which one stalled shows
-// the stall, not the figure of the runs that completed.
+// TestMedianShowsAStalledRun: a median over runs of which one stalled is
+// the median of the complete runs and says that one stalled; a median of
+// runs that all stalled shows the stall.
 func TestMedianShowsAStalledRun(t *testing.T) {
-	runs := []outcome{{rate: 100, n: 10}, {rate: 0, n: 10, stalled: "stalled: x", delivered: 4}, {rate: 300, n: 10}}
+	runs := []outcome{{rate: 100, n: 10}, {rate: 0, n: 10, lost: 6, stalled: "stalled: x", delivered: 4}, {rate: 300, n: 10}}
 	for name, m := range map[string]outcome{"medianRun": medianRun(runs), "medianRuns": medianRuns(runs)} {
-		if !strings.Contains(m.show(rate(m.rate)), "stalled: x in run 2 of 3 (4 of 10 delivered") {
-			t.Errorf("%s shows %q", name, m.show(rate(m.rate)))
+		if got := m.show(rate(m.rate)); got != "300/s (median of the 2 complete runs; run 2 of 3 stalled: x, 4 of 10 delivered in 0s)" {
+			t.Errorf("%s shows %q", name, got)
+		}
+		if m.lost != 6 {
+			t.Errorf("%s: lost %d, want the stalled run's 6", name, m.lost)
+		}
+	}
+	all := []outcome{{n: 10, stalled: "stalled: y", delivered: 1, elapsed: time.Second}, {n: 10, stalled: "stalled: z", delivered: 2}}
+	for name, m := range map[string]outcome{"medianRun": medianRun(all), "medianRuns": medianRuns(all)} {
+		if got := m.show(rate(m.rate)); got != "stalled: y (every run; the first: 1 of 10 delivered in 1s)" {
+			t.Errorf("%s of stalled runs shows %q", name, got)
 		}
 	}
 }

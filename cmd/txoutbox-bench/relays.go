@@ -19,6 +19,9 @@ import (
 	"github.com/txoutbox/txoutbox/storage/postgres"
 )
 
+// benchApp is the application_name of the bench's connections.
+const benchApp = "txoutbox-bench"
+
 // destTopic is the topic both relays re-publish to.
 const destTopic = "bench_orders"
 
@@ -72,6 +75,9 @@ func newPool(ctx context.Context, url string, conns int) (*pgxpool.Pool, error) 
 		return nil, fmt.Errorf("parse database URL: %w", err)
 	}
 	pc.MaxConns = int32(conns)
+	// The bench's own connections are told apart in pg_stat_activity
+	// (heldBack).
+	pc.ConnConfig.RuntimeParams["application_name"] = benchApp
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
