@@ -758,19 +758,19 @@ func (b *bench) drainRun(ctx context.Context, kind string, cfg relayConfig, n in
 		oc.rate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
 	}
 	oc.curve = s.curve(start)
-	b.finishRun(kind, &oc, s, why)
+	b.finishRun(ctx, kind, &oc, s, why)
 	return oc, ctx.Err()
 }
 
 // finishRun counts what the sink saw (finish) and records a run that did
 // not complete; only txoutbox's and the floor's losses fail the command:
 // Watermill's stalls are its own figures.
-func (b *bench) finishRun(kind string, oc *outcome, s *sink, why string) {
+func (b *bench) finishRun(ctx context.Context, kind string, oc *outcome, s *sink, why string) {
 	lost := b.lost
 	b.finish(oc, s)
 	if why != "" {
 		if b.o.db == "postgres" {
-			why += b.heldBack()
+			why += b.heldBack(ctx)
 		}
 		oc.stalled = why
 		b.progress("%s run %s: %d of %d delivered in %s; first undelivered: %s", kind, why, oc.delivered, oc.n, oc.elapsed.Round(time.Millisecond), strings.Join(s.missing(5), " "))
@@ -785,8 +785,8 @@ func (b *bench) finishRun(kind string, oc *outcome, s *sink, why string) {
 // and watermill-sql's PostgreSQL subscriber reads only rows whose
 // transaction is older than that xmin (its commit fence), so it delivers
 // nothing until that transaction ends.
-func (b *bench) heldBack() string {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+func (b *bench) heldBack(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, b.o.url)
 	if err != nil {
@@ -1159,7 +1159,7 @@ func (b *bench) together(ctx context.Context, kind string, cfg relayConfig, n in
 	if at := s.doneAt.Load(); at > 0 {
 		oc.rate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
 	}
-	b.finishRun(kind, &oc, s, why)
+	b.finishRun(ctx, kind, &oc, s, why)
 	return oc, ctx.Err()
 }
 
