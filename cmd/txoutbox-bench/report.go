@@ -147,7 +147,8 @@ func (b *bench) finishOutput(ctx context.Context, total time.Duration) error {
 	if b.o.reportFile != "" {
 		var blk bytes.Buffer
 		fmt.Fprintf(&blk, "Measured with `go run ./cmd/txoutbox-bench %s` (%s).\n\n", b.o.args, total)
-		fmt.Fprintf(&blk, "Machine: %s.\n\n", b.machine(ctx))
+		// Written even when the run was interrupted (ctx done).
+		fmt.Fprintf(&blk, "Machine: %s.\n\n", b.machine(context.WithoutCancel(ctx)))
 		b.printMarkdown(&blk)
 		if err := replaceBlock(b.o.reportFile, b.o.db, blk.String()); err != nil {
 			errs = append(errs, fmt.Errorf("-report: %w", err))
