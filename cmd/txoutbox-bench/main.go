@@ -334,6 +334,7 @@ type bench struct {
 	cur *sink
 	// What the plots draw: latency samples per relay (latency scenario,
 	// all runs pooled), drain progress curves, NOTIFY points.
+	loadStart  string // the load average when the bench started
 	latSamples map[string][]time.Duration
 	curves     []curve
 	notifyPts  []notifyPoint
@@ -359,6 +360,7 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 		defer pprof.StopCPUProfile()
 	}
 	start := time.Now()
+	b.loadStart = loadAverage()
 	fmt.Fprintf(out, "txoutbox-bench %s: %s\n", start.Format(time.RFC3339), b.conditions())
 	steps := []struct {
 		name string

@@ -213,6 +213,11 @@ func (b *bench) machine(ctx context.Context) string {
 		parts = append(parts, "commit "+rev)
 	}
 	parts = append(parts, "database, bench and relays on the same machine")
+	if b.loadStart != "" {
+		// Other work on the machine depresses every figure: a quiet
+		// machine has a load average well under its core count.
+		parts = append(parts, fmt.Sprintf("load average %s at the start, %s at the end", b.loadStart, loadAverage()))
+	}
 	return strings.Join(parts, ", ")
 }
 
@@ -262,4 +267,18 @@ func fraction(a, b float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", a/b)
+}
+
+// loadAverage is the machine's one-minute load average ("" where /proc has
+// none).
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
 }
