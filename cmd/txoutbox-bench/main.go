@@ -968,9 +968,6 @@ func (b *bench) drain(ctx context.Context) error {
 						if w.n != t.n && w.n > 0 {
 							settings += fmt.Sprintf(" (wm %d msgs)", w.n)
 						}
-						if b.o.repeat > 1 {
-							settings += fmt.Sprintf(", median of %d runs", b.o.repeat)
-						}
 						// One curve per relay: the first batch-size setting
 						// of the largest batch, one forwarder, no latency.
 						if lat == 0 && fw == slices.Min(b.o.forwarders) && batch == slices.Max(b.o.batches) && strict == b.o.stricts[0] && conc == b.concurrencyFor(0) {
@@ -1190,17 +1187,13 @@ func (b *bench) steady(ctx context.Context) error {
 				}
 			}
 			t, w := medianRuns(txoRuns), medianRuns(wmRuns)
-			runs := ""
-			if b.o.repeat > 1 {
-				runs = fmt.Sprintf(", median of %d runs", b.o.repeat)
-			}
-			settings := fmt.Sprintf("batch=%d fwd=%d strict=on conc=%d, %d producers writing %d msgs flat out%s", batch, fw, conc, b.o.producers, b.o.messages, runs)
+			settings := fmt.Sprintf("batch=%d fwd=%d strict=on conc=%d", batch, fw, conc)
 			b.add(row{
-				scenario: "steady delivered", settings: fmt.Sprintf("%s; p99 lag after %s warm-up txo %s, wm %s", settings, b.o.warmup, ms(t.p99), ms(w.p99)),
+				scenario: "steady delivered", settings: fmt.Sprintf("%s; p99 lag txo %s, wm %s", settings, ms(t.p99), ms(w.p99)),
 				txo: t.show(rate(t.rate)), wm: w.show(rate(w.rate)), ratio: faster(t.rate, w.rate), txoDL: t.dl(), wmDL: w.dl(),
 				txoV: t.rate, wmV: w.rate,
 			}, row{
-				scenario: "steady producers", settings: settings + "; producer msgs/s beside the running forwarders",
+				scenario: "steady producers", settings: settings,
 				txo: t.show(rate(t.insert)), wm: w.show(rate(w.insert)), ratio: faster(t.insert, w.insert),
 				txoV: t.insert, wmV: w.insert,
 			})
@@ -1259,11 +1252,7 @@ func (b *bench) latency(ctx context.Context) error {
 			wmPoll = polls[0].String()
 		}
 	}
-	runs := ""
-	if b.o.repeat > 1 {
-		runs = fmt.Sprintf(", median of %d runs", b.o.repeat)
-	}
-	settings := fmt.Sprintf("rate=%d/s %s after %s warm-up, batch=%d%s; txo NOTIFY (poll 1s), wm poll %s", b.o.rate, b.o.duration, b.o.warmup, batch, runs, wmPoll)
+	settings := fmt.Sprintf("rate=%d/s batch=%d; txo NOTIFY (poll 1s), wm poll %s", b.o.rate, batch, wmPoll)
 	for _, r := range txoRuns {
 		b.latSamples["txoutbox"] = append(b.latSamples["txoutbox"], r.lats...)
 	}
@@ -1276,8 +1265,8 @@ func (b *bench) latency(ctx context.Context) error {
 		// The same messages from the return of their producer's Commit: the
 		// relay's part, without the producers' transactions (which differ:
 		// txoutbox's table has a key index and the NOTIFY trigger).
-		row{scenario: "latency relay p50", settings: "from the producer's commit: " + settings, txo: ms(t.rp50), wm: ms(best.rp50), ratio: speed(t.rp50, best.rp50), txoDL: t.dl(), wmDL: best.dl()},
-		row{scenario: "latency relay p99", settings: "from the producer's commit: " + settings, txo: ms(t.rp99), wm: ms(best.rp99), ratio: speed(t.rp99, best.rp99), txoDL: t.dl(), wmDL: best.dl()},
+		row{scenario: "latency relay p50", settings: settings, txo: ms(t.rp50), wm: ms(best.rp50), ratio: speed(t.rp50, best.rp50), txoDL: t.dl(), wmDL: best.dl()},
+		row{scenario: "latency relay p99", settings: settings, txo: ms(t.rp99), wm: ms(best.rp99), ratio: speed(t.rp99, best.rp99), txoDL: t.dl(), wmDL: best.dl()},
 	)
 	return nil
 }

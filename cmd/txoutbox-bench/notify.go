@@ -53,12 +53,7 @@ func (b *bench) notify(ctx context.Context) error {
 		}
 		p := notifyPoint{rate: rt, with: medianNotify(with), without: medianNotify(without)}
 		b.notifyPts = append(b.notifyPts, p)
-		runs := ""
-		if b.o.repeat > 1 {
-			runs = fmt.Sprintf(", median of %d runs", b.o.repeat)
-		}
-		settings := fmt.Sprintf("offered %d commits/s for %s after %s warm-up, 1 msg per commit, %d producers, no forwarder%s; achieved %.0f/s with, %.0f/s without",
-			rt, b.o.duration, b.o.warmup, notifyProducers, runs, p.with.achieved, p.without.achieved)
+		settings := fmt.Sprintf("achieved %.0f/s with, %.0f/s without", p.with.achieved, p.without.achieved)
 		show := func(r notifyRun, v string) string {
 			if r.failed != "" {
 				return r.failed
@@ -70,7 +65,7 @@ func (b *bench) notify(ctx context.Context) error {
 				txo: show(p.with, ms(p.with.p50)), wm: show(p.without, ms(p.without.p50)), ratio: costMS(p.with.p50, p.without.p50)},
 			row{table: tableNotify, scenario: fmt.Sprintf("%d/s commit p99", rt), settings: settings,
 				txo: show(p.with, ms(p.with.p99)), wm: show(p.without, ms(p.without.p99)), ratio: costMS(p.with.p99, p.without.p99)},
-			row{table: tableNotify, scenario: fmt.Sprintf("%d/s CPU per commit", rt), settings: "PostgreSQL + bench process, us; " + settings,
+			row{table: tableNotify, scenario: fmt.Sprintf("%d/s CPU per commit", rt), settings: settings,
 				txo: show(p.with, cpuUS(p.with)), wm: show(p.without, cpuUS(p.without)), ratio: costUS(p.with, p.without)},
 		)
 	}

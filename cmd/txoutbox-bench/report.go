@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -105,12 +106,30 @@ func (b *bench) printText(w io.Writer) {
 	}
 }
 
-// printMarkdown writes the tables in Markdown, each cell escaped.
+// caption says what a table's rows share.
+func (b *bench) caption(table string) string {
+	o := b.o
+	runs := "one run each"
+	if o.repeat > 1 {
+		runs = fmt.Sprintf("medians of %d runs, the relays taking turns", o.repeat)
+	}
+	if table == tableNotify {
+		return fmt.Sprintf("What the NOTIFY trigger costs producers: %d producer connections commit one message per transaction at the offered rate for %s after %s of warm-up, no forwarder running; commit = BEGIN to the return of COMMIT; CPU per commit in microseconds, PostgreSQL + the bench process; %s.",
+			notifyProducers, o.duration, o.warmup, runs)
+	}
+	return fmt.Sprintf("%d messages of %d bytes over %d keys, %d producers writing %d messages per transaction, poll %s; %s. "+
+		"steady: the producers write flat out while the forwarders run (p99 lag after %s of warm-up); latency: %d msgs/s offered for %s after %s of warm-up, the relay rows timed from the return of the producer's Commit.",
+		o.messages, o.payload, o.keys, o.producers, o.perTx, o.poll, runs, o.warmup, o.rate, o.duration, o.warmup)
+}
+
+// printMarkdown writes the tables in Markdown, each cell escaped, each
+// after its caption.
 func (b *bench) printMarkdown(w io.Writer) {
 	for i, t := range b.tables() {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
+		fmt.Fprintf(w, "%s\n\n", b.caption(t[0].table))
 		head := columns(t[0].table)
 		fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
 		for _, r := range t {
@@ -205,7 +224,9 @@ func (b *bench) machine(ctx context.Context) string {
 	}
 	parts = append(parts, b.serverInfo(ctx))
 	parts = append(parts, runtime.Version()+" "+runtime.GOOS+"/"+runtime.GOARCH)
-	if out, err := exec.CommandContext(ctx, "git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+	if rev := buildRevision(); rev != "" {
+		parts = append(parts, "commit "+rev)
+	} else if out, err := exec.CommandContext(ctx, "git", "rev-parse", "--short", "HEAD").Output(); err == nil {
 		rev := strings.TrimSpace(string(out))
 		if st, err := exec.CommandContext(ctx, "git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
 			rev += " with uncommitted changes"
@@ -281,4 +302,29 @@ func loadAverage() string {
 		return ""
 	}
 	return f[0]
+}
+
+// buildRevision is the commit the binary was built from, as go build
+// stamps it ("" under go run, which does not).
+func buildRevision() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev, modified string
+	for _, st := range info.Settings {
+		switch st.Key {
+		case "vcs.revision":
+			rev = st.Value
+		case "vcs.modified":
+			modified = st.Value
+		}
+	}
+	if len(rev) > 7 {
+		rev = rev[:7]
+	}
+	if rev != "" && modified == "true" {
+		rev += " with uncommitted changes"
+	}
+	return rev
 }
