@@ -535,8 +535,8 @@ func TestPlotsAreValidSVGWithTheirSeries(t *testing.T) {
 	pts := []point{{0, 0}, {0.5, 0.5}, {1, 1}}
 	b.curves = []curve{{"drain", "txoutbox", pts}, {"drain", "Watermill", pts}, {"drain", "floor", pts}, {"outage", "after the outage", pts}, {"outage", "normal drain", pts}}
 	b.notifyPts = []notifyPoint{
-		{rate: 100, with: notifyRun{p50: time.Millisecond, p99: 3 * time.Millisecond}, without: notifyRun{p50: time.Millisecond, p99: 2 * time.Millisecond}},
-		{rate: 1000, with: notifyRun{p50: 2 * time.Millisecond, p99: 9 * time.Millisecond}, without: notifyRun{p50: time.Millisecond, p99: 4 * time.Millisecond}},
+		{rate: 100, with: notifyRun{achieved: 99, p50: time.Millisecond, p99: 3 * time.Millisecond}, without: notifyRun{achieved: 99, p50: time.Millisecond, p99: 2 * time.Millisecond}},
+		{rate: 1000, with: notifyRun{achieved: 400, p50: 2 * time.Millisecond, p99: 9 * time.Millisecond}, without: notifyRun{achieved: 990, p50: time.Millisecond, p99: 4 * time.Millisecond}},
 	}
 	dir := t.TempDir()
 	files, err := b.writePlots(dir)
@@ -550,6 +550,7 @@ func TestPlotsAreValidSVGWithTheirSeries(t *testing.T) {
 		"drain-progress.svg":            {"txoutbox", "Watermill", "floor"},
 		"recovery.svg":                  {"after the outage", "normal drain"},
 		"notify.svg":                    {"p99 with NOTIFY", "p99 without", "p50 with NOTIFY"},
+		"notify-rate.svg":               {"with NOTIFY", "without", "offered"},
 	}
 	if len(files) != len(want) {
 		t.Errorf("wrote %v, want %d files", files, len(want))

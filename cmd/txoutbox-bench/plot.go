@@ -77,6 +77,7 @@ func (b *bench) writePlots(dir string) ([]string, error) {
 	save("drain-progress.svg", b.curvePlot("drain", "Draining a backlog: fraction delivered over time"), 7*vg.Inch, 4.5*vg.Inch)
 	save("recovery.svg", b.curvePlot("outage", "Recovery after a broker outage: fraction of the backlog delivered"), 7*vg.Inch, 4.5*vg.Inch)
 	save("notify.svg", b.notifyPlot(), 7*vg.Inch, 4.5*vg.Inch)
+	save("notify-rate.svg", b.notifyRatePlot(), 7*vg.Inch, 4.5*vg.Inch)
 	return files, errors.Join(errs...)
 }
 
@@ -298,6 +299,58 @@ func (b *bench) notifyPlot() *plot.Plot {
 		}
 		p.Add(l, pts)
 		p.Legend.Add(s.name, l, pts)
+	}
+	p.Add(plotter.NewGrid())
+	return p
+}
+
+// notifyRatePlot draws the commits/s the producers achieved against the
+// rate offered, with and without the NOTIFY trigger.
+func (b *bench) notifyRatePlot() *plot.Plot {
+	if len(b.notifyPts) == 0 {
+		return nil
+	}
+	p := plot.New()
+	p.Title.Text = "Commits/s the producers achieved, with and without the NOTIFY trigger"
+	p.X.Label.Text = "offered commits/s (log scale)"
+	p.Y.Label.Text = "achieved commits/s (log scale)"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	p.Legend.Left, p.Legend.Top = true, true
+	var offered plotter.XYs
+	for _, n := range b.notifyPts {
+		offered = append(offered, plotter.XY{X: float64(n.rate), Y: float64(n.rate)})
+	}
+	for _, s := range []struct {
+		name string
+		get  func(notifyPoint) float64
+		clr  color.Color
+	}{
+		{"with NOTIFY", func(n notifyPoint) float64 { return n.with.achieved }, relayColor["txoutbox"]},
+		{"without", func(n notifyPoint) float64 { return n.without.achieved }, relayColor["floor"]},
+	} {
+		var xy plotter.XYs
+		for _, n := range b.notifyPts {
+			if v := s.get(n); v > 0 {
+				xy = append(xy, plotter.XY{X: float64(n.rate), Y: v})
+			}
+		}
+		if len(xy) == 0 {
+			continue
+		}
+		l, pts, err := plotter.NewLinePoints(xy)
+		if err != nil {
+			continue
+		}
+		l.Color, pts.Color = s.clr, s.clr
+		pts.Shape = draw.CircleGlyph{}
+		p.Add(l, pts)
+		p.Legend.Add(s.name, l, pts)
+	}
+	if l, err := plotter.NewLine(offered); err == nil {
+		l.Dashes = []vg.Length{vg.Points(2), vg.Points(3)}
+		p.Add(l)
+		p.Legend.Add("offered", l)
 	}
 	p.Add(plotter.NewGrid())
 	return p
