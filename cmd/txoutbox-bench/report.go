@@ -117,9 +117,15 @@ func (b *bench) caption(table string) string {
 		return fmt.Sprintf("What the NOTIFY trigger costs producers: %d producer connections commit one message per transaction at the offered rate for %s after %s of warm-up, no forwarder running; commit = BEGIN to the return of COMMIT; CPU per commit in microseconds, PostgreSQL + the bench process; %s.",
 			notifyProducers, o.duration, o.warmup, runs)
 	}
-	return fmt.Sprintf("%d messages of %d bytes over %d keys, %d producers writing %d messages per transaction, poll %s; %s. "+
-		"steady: the producers write flat out while the forwarders run (p99 lag after %s of warm-up); latency: %d msgs/s offered for %s after %s of warm-up, the relay rows timed from the return of the producer's Commit.",
-		o.messages, o.payload, o.keys, o.producers, o.perTx, o.poll, runs, o.warmup, o.rate, o.duration, o.warmup)
+	c := fmt.Sprintf("%d messages of %d bytes over %d keys, %d producers writing %d messages per transaction, poll %s; %s.",
+		o.messages, o.payload, o.keys, o.producers, o.perTx, o.poll, runs)
+	if o.scenarios["steady"] {
+		c += fmt.Sprintf(" steady: the producers write flat out while the forwarders run (p99 lag after %s of warm-up).", o.warmup)
+	}
+	if o.scenarios["latency"] {
+		c += fmt.Sprintf(" latency: %d msgs/s offered for %s after %s of warm-up, the relay rows timed from the return of the producer's Commit.", o.rate, o.duration, o.warmup)
+	}
+	return c
 }
 
 // printMarkdown writes the tables in Markdown, each cell escaped, each
