@@ -28,14 +28,14 @@ func (s *staticStorage) Claim(context.Context, storage.ClaimParams) ([]storage.R
 	return append([]storage.Record(nil), s.batch...), nil
 }
 func (s *staticStorage) Ack(_ context.Context, p storage.AckParams) error {
-	s.acked += len(p.IDs)
+	s.acked += len(p.Records)
 	return nil
 }
 func (s *staticStorage) Nack(context.Context, storage.NackParams) error             { return nil }
 func (s *staticStorage) Release(context.Context, storage.ReleaseParams) error       { return nil }
 func (s *staticStorage) DeadLetter(context.Context, storage.DeadLetterParams) error { return nil }
 func (s *staticStorage) Extend(_ context.Context, p storage.ExtendParams) ([]int64, error) {
-	return p.IDs, nil
+	return refIDs(p.Records), nil
 }
 
 type nopPublisher struct{}
@@ -162,14 +162,14 @@ func (s *streamStorage) Claim(_ context.Context, p storage.ClaimParams) ([]stora
 	return out, nil
 }
 func (s *streamStorage) Ack(_ context.Context, p storage.AckParams) error {
-	s.acked.Add(int64(len(p.IDs)))
+	s.acked.Add(int64(len(p.Records)))
 	return nil
 }
 func (s *streamStorage) Nack(context.Context, storage.NackParams) error             { return nil }
 func (s *streamStorage) Release(context.Context, storage.ReleaseParams) error       { return nil }
 func (s *streamStorage) DeadLetter(context.Context, storage.DeadLetterParams) error { return nil }
 func (s *streamStorage) Extend(_ context.Context, p storage.ExtendParams) ([]int64, error) {
-	return p.IDs, nil
+	return refIDs(p.Records), nil
 }
 
 // BenchmarkForwarderRun measures Run's continuous flow with a no-op target:

@@ -53,8 +53,14 @@ type group struct {
 	// it on are untried, so one missing from an extension was lost.
 	next atomic.Int64
 	// lost is set when an extension no longer found an untried record leased
-	// to this forwarder: the lane stops the group at once.
+	// to this forwarder, or a claim returned one of its records again: the
+	// lane stops the group at once.
 	lost atomic.Bool
+	// gone holds the ids of its records a later claim of this session
+	// returned again (their lease here ran out): they belong to the group of
+	// that claim, and this one neither publishes nor writes back for them.
+	// Set by the dispatcher only (copy on write); nil almost always.
+	gone atomic.Pointer[map[int64]bool]
 	// local counts the records a lane settled itself (nack, release,
 	// dead-letter); read by the dispatcher once the group is finished.
 	local atomic.Int64
@@ -65,6 +71,28 @@ type group struct {
 
 func (g *group) settled() bool {
 	return g.finished && g.acked+int(g.local.Load()) == len(g.records)
+}
+
+// isGone reports whether a later claim took the record with this id from
+// the group (see gone).
+func (g *group) isGone(id int64) bool {
+	m := g.gone.Load()
+	return m != nil && (*m)[id]
+}
+
+// own returns the records of recs the group still holds: all of them unless
+// a later claim took some (see gone).
+func (g *group) own(recs []storage.Record) []storage.Record {
+	if g.gone.Load() == nil {
+		return recs
+	}
+	out := make([]storage.Record, 0, len(recs))
+	for i := range recs {
+		if !g.isGone(recs[i].ID) {
+			out = append(out, recs[i])
+		}
+	}
+	return out
 }
 
 type eventKind uint8
@@ -94,7 +122,7 @@ type extension struct {
 	started  time.Time
 	groups   []*group
 	batches  []*batch
-	ids      []int64
+	refs     []storage.ClaimRef
 	extended []int64
 	err      error
 }
@@ -134,6 +162,10 @@ type session struct {
 	err    error // RunOnce: the claim's or an ack's error
 
 	// Dispatcher-owned.
+	// held maps the id of every record claimed and not settled to its
+	// group: a claim that returns one again (its lease ran out here and this
+	// forwarder claimed it anew) takes it from the older group (see gone).
+	held      map[int64]*group
 	keys      map[string][]*group // keys in a lane, with the groups queued behind
 	ready     []*group
 	batches   []*batch // claimed and not yet settled (a settled one is dropped at once)
@@ -176,6 +208,7 @@ func (f *Forwarder) newSession(ctx context.Context, once bool) (*session, contex
 		acks:          make(chan ackItem, f.config.MaxInFlight),
 		completerDone: make(chan struct{}),
 		keys:          make(map[string][]*group),
+		held:          make(map[int64]*group),
 		extDone:       make(chan struct{}),
 		poll:          f.config.PollMin,
 	}
@@ -460,6 +493,13 @@ func (s *session) claimed(ev event) {
 	for i, recs := range groups {
 		g := &group{b: b, records: recs, key: recs[0].Key}
 		b.groups[i] = g
+		for j := range recs {
+			id := recs[j].ID
+			if old, ok := s.held[id]; ok {
+				s.takeOver(old, id)
+			}
+			s.held[id] = g
+		}
 		if g.key != "" {
 			if q, busy := s.keys[g.key]; busy {
 				// The key is in a lane: the new group waits behind it, never
@@ -476,6 +516,28 @@ func (s *session) claimed(ev event) {
 	}
 }
 
+// takeOver gives the record id of the older group old to the group of the
+// claim that returned it again: its lease ran out here (a renewal failed, or
+// a write-back or the group itself came too late) and this forwarder
+// claimed it anew. The older group stops, publishes nothing more and writes
+// nothing back for it: its write-backs would carry the older claim's
+// attempts, which the storage fences out, and the new group holds the
+// record now.
+func (s *session) takeOver(old *group, id int64) {
+	m := map[int64]bool{id: true}
+	if prev := old.gone.Load(); prev != nil {
+		for k := range *prev {
+			m[k] = true
+		}
+	}
+	old.gone.Store(&m)
+	if !old.lost.Swap(true) {
+		s.f.logger.Info("Record claimed again; the group of its older claim stops and leaves it to the new one", watermill.LogFields{
+			"key": old.key, "outbox_id": id,
+		})
+	}
+}
+
 // settle counts n records of g as written back. n is 0 when a lane reports a
 // group finished that it settled nothing of itself; the check for a settled
 // group still runs, since the completer may have acked all of it first.
@@ -489,6 +551,11 @@ func (s *session) settle(g *group, n int) {
 	}
 	if !g.settled() {
 		return
+	}
+	for i := range g.records {
+		if id := g.records[i].ID; s.held[id] == g {
+			delete(s.held, id)
+		}
 	}
 	// A key is free again: what was held back behind it may be claimable.
 	// From the second empty claim since the last one that found records
@@ -544,7 +611,7 @@ func (s *session) releaseWaiting() {
 	}
 	var recs []storage.Record
 	for _, g := range waiting {
-		recs = append(recs, g.records...)
+		recs = append(recs, g.own(g.records)...)
 		// Given back, not lost: an extension in flight will not find them.
 		g.next.Store(int64(len(g.records)))
 	}
@@ -578,17 +645,19 @@ func (s *session) extend() {
 			}
 			x.groups = append(x.groups, g)
 			for i := range g.records {
-				x.ids = append(x.ids, g.records[i].ID)
+				if !g.isGone(g.records[i].ID) {
+					x.refs = append(x.refs, g.records[i].Ref())
+				}
 			}
 		}
 	}
-	if len(x.ids) == 0 {
+	if len(x.refs) == 0 {
 		return
 	}
 	s.extending = true
 	go func() {
 		ctx, cancel := s.f.bookkeepingCtx(s.stop)
-		x.extended, x.err = s.f.store.Extend(ctx, storage.ExtendParams{IDs: x.ids, WorkerID: s.cfg.WorkerID, Lease: s.cfg.Lease})
+		x.extended, x.err = s.f.store.Extend(ctx, storage.ExtendParams{Records: x.refs, WorkerID: s.cfg.WorkerID, Lease: s.cfg.Lease})
 		cancel()
 		s.events <- event{kind: evExtended, ext: x}
 	}()
@@ -604,7 +673,7 @@ func (s *session) extended(x *extension) {
 	}()
 	if x.err != nil {
 		// The lanes stop the groups whose lease runs short.
-		s.f.logger.Error("Lease extension failed; groups stop before their lease runs out", x.err, watermill.LogFields{"records": len(x.ids)})
+		s.f.logger.Error("Lease extension failed; groups stop before their lease runs out", x.err, watermill.LogFields{"records": len(x.refs)})
 		return
 	}
 	kept := make(map[int64]struct{}, len(x.extended))
@@ -616,7 +685,7 @@ func (s *session) extended(x *extension) {
 		// and acked meanwhile is missing from the result without being lost,
 		// while one still untried now was untried all along.
 		for j := int(g.next.Load()); j < len(g.records); j++ {
-			if _, ok := kept[g.records[j].ID]; !ok {
+			if _, ok := kept[g.records[j].ID]; !ok && !g.isGone(g.records[j].ID) {
 				if !g.lost.Swap(true) {
 					s.f.logger.Error("Lease lost: the group stops and leaves its records to their new holder", ErrLeaseLost, watermill.LogFields{
 						"key": g.key, "outbox_id": g.records[j].ID,
@@ -713,17 +782,24 @@ func (s *session) splitAck(n int, gathered, ackTook, waited time.Duration) bool 
 
 func (s *session) ack(items []ackItem) {
 	f := s.f
-	ids := make([]int64, len(items))
+	refs := make([]storage.ClaimRef, 0, len(items))
 	groups := make([]*group, len(items))
 	for i, it := range items {
-		ids[i] = it.rec.ID
 		groups[i] = it.g
+		// A record a later claim took from its group (see gone) is the new
+		// group's to ack: the lease this publish had ran out.
+		if !it.g.isGone(it.rec.ID) {
+			refs = append(refs, it.rec.Ref())
+		}
 	}
-	ctx, cancel := f.bookkeepingCtx(s.stop)
-	err := f.store.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: s.cfg.WorkerID})
-	cancel()
+	var err error
+	if len(refs) > 0 {
+		ctx, cancel := f.bookkeepingCtx(s.stop)
+		err = f.store.Ack(ctx, storage.AckParams{Records: refs, WorkerID: s.cfg.WorkerID})
+		cancel()
+	}
 	if err != nil {
-		err = fmt.Errorf("ack %d published outbox records (they will be redelivered when their lease expires): %w", len(ids), err)
+		err = fmt.Errorf("ack %d published outbox records (they will be redelivered when their lease expires): %w", len(refs), err)
 		if s.once {
 			s.setErr(err)
 		} else {
@@ -731,16 +807,25 @@ func (s *session) ack(items []ackItem) {
 		}
 	} else {
 		s.mu.Lock()
-		s.result.Published += len(ids)
+		s.result.Published += len(refs)
 		s.mu.Unlock()
 	}
 	if f.config.OnOutcome != nil {
 		for _, it := range items {
-			f.config.OnOutcome(Outcome{Kind: OutcomePublished, Record: it.rec, StorageErr: err})
+			o := Outcome{Kind: OutcomePublished, Record: it.rec, StorageErr: err}
+			if it.g.isGone(it.rec.ID) {
+				o.StorageErr = errClaimedAgain
+			}
+			f.config.OnOutcome(o)
 		}
 	}
 	s.events <- event{kind: evAcked, acked: groups}
 }
+
+// errClaimedAgain is the StorageErr of a published record whose ack was not
+// sent: its lease ran out before the ack, and this forwarder claimed it
+// again, so it is published again.
+var errClaimedAgain = fmt.Errorf("%w: the record was claimed again before its ack, which was not sent", ErrLeaseLost)
 
 func (s *session) setErr(err error) {
 	s.mu.Lock()
@@ -1014,5 +1099,5 @@ func (s *session) releaseRest(g *group, from int, retryAt time.Time, why string)
 		return
 	}
 	s.settleLocal(g, len(rest))
-	s.release(rest, retryAt, why)
+	s.release(g.own(rest), retryAt, why)
 }

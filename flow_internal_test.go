@@ -23,7 +23,7 @@ type ackSizes struct {
 
 func (a *ackSizes) Ack(_ context.Context, p storage.AckParams) error {
 	a.mu.Lock()
-	a.sizes = append(a.sizes, len(p.IDs))
+	a.sizes = append(a.sizes, len(p.Records))
 	a.mu.Unlock()
 	return nil
 }

@@ -381,8 +381,8 @@ func (s *stopStorage) Release(_ context.Context, p storage.ReleaseParams) error 
 		close(s.releaseDone)
 		s.released = map[int64]bool{}
 	}
-	for _, id := range p.IDs {
-		s.released[id] = true
+	for _, r := range p.Records {
+		s.released[r.ID] = true
 	}
 	return nil
 }
@@ -393,9 +393,9 @@ func (s *stopStorage) Extend(_ context.Context, p storage.ExtendParams) ([]int64
 	s.relMu.Lock()
 	defer s.relMu.Unlock()
 	var kept []int64
-	for _, id := range p.IDs {
-		if !s.released[id] {
-			kept = append(kept, id)
+	for _, r := range p.Records {
+		if !s.released[r.ID] {
+			kept = append(kept, r.ID)
 		}
 	}
 	return kept, nil

@@ -458,9 +458,12 @@ func (f *Forwarder) publish(msg *message.Message) ([]*message.Message, error) {
 func (s *session) nack(g *group, rec *storage.Record, cause error, retryAt time.Time) {
 	f := s.f
 	s.settleLocal(g, 1)
+	if g.isGone(rec.ID) {
+		return // a later claim holds the record now (see group.gone)
+	}
 	ctx, cancel := f.bookkeepingCtx(s.stop)
 	defer cancel()
-	err := f.store.Nack(ctx, storage.NackParams{ID: rec.ID, WorkerID: f.config.WorkerID, Error: cause.Error(), RetryAt: retryAt})
+	err := f.store.Nack(ctx, storage.NackParams{Record: rec.Ref(), WorkerID: f.config.WorkerID, Error: cause.Error(), RetryAt: retryAt})
 	s.count(func(res *RunOnceResult) { res.Nacked++ })
 	if f.config.OnOutcome != nil {
 		f.config.OnOutcome(Outcome{Kind: OutcomeNacked, Record: rec, Err: cause, RetryAt: retryAt, StorageErr: err})
@@ -478,30 +481,29 @@ func (s *session) release(recs []storage.Record, retryAt time.Time, why string) 
 		return
 	}
 	f := s.f
-	ids := make([]int64, len(recs))
-	for i := range recs {
-		ids[i] = recs[i].ID
-	}
 	ctx, cancel := f.bookkeepingCtx(s.stop)
 	defer cancel()
-	err := f.store.Release(ctx, storage.ReleaseParams{IDs: ids, WorkerID: f.config.WorkerID, RetryAt: retryAt})
-	s.count(func(res *RunOnceResult) { res.Released += len(ids) })
+	err := f.store.Release(ctx, storage.ReleaseParams{Records: storage.Refs(recs), WorkerID: f.config.WorkerID, RetryAt: retryAt})
+	s.count(func(res *RunOnceResult) { res.Released += len(recs) })
 	if f.config.OnOutcome != nil {
 		for i := range recs {
 			f.config.OnOutcome(Outcome{Kind: OutcomeReleased, Record: &recs[i], RetryAt: retryAt, StorageErr: err})
 		}
 	}
 	if err != nil {
-		f.logger.Error("Release failed; the records are claimable when their lease expires", err, watermill.LogFields{"count": len(ids), "reason": why})
+		f.logger.Error("Release failed; the records are claimable when their lease expires", err, watermill.LogFields{"count": len(recs), "reason": why})
 	}
 }
 
 func (s *session) deadLetter(g *group, rec *storage.Record, reason string) {
 	f := s.f
 	s.settleLocal(g, 1)
+	if g.isGone(rec.ID) {
+		return // a later claim holds the record now (see group.gone)
+	}
 	ctx, cancel := f.bookkeepingCtx(s.stop)
 	defer cancel()
-	err := f.store.DeadLetter(ctx, storage.DeadLetterParams{ID: rec.ID, WorkerID: f.config.WorkerID, Error: reason})
+	err := f.store.DeadLetter(ctx, storage.DeadLetterParams{Record: rec.Ref(), WorkerID: f.config.WorkerID, Error: reason})
 	s.count(func(res *RunOnceResult) { res.DeadLettered++ })
 	if f.config.OnOutcome != nil {
 		f.config.OnOutcome(Outcome{Kind: OutcomeDeadLettered, Record: rec, Err: errors.New(reason), StorageErr: err})

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/txoutbox/txoutbox/storage"
 )
 
 // TestMain fails the run if a goroutine outlives the tests: Run must return
@@ -27,4 +29,14 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// refIDs returns the ids refs name, in the same order: what a fake storage's
+// Extend returns when every lease it is asked about is live.
+func refIDs(refs []storage.ClaimRef) []int64 {
+	ids := make([]int64, len(refs))
+	for i, r := range refs {
+		ids[i] = r.ID
+	}
+	return ids
 }

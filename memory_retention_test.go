@@ -53,7 +53,7 @@ func (s *batchesStorage) Claim(_ context.Context, p storage.ClaimParams) ([]stor
 
 func (s *batchesStorage) Ack(_ context.Context, p storage.AckParams) error {
 	s.mu.Lock()
-	s.settled += len(p.IDs)
+	s.settled += len(p.Records)
 	s.mu.Unlock()
 	return nil
 }
@@ -66,7 +66,7 @@ func (s *batchesStorage) DeadLetter(context.Context, storage.DeadLetterParams) e
 func (s *batchesStorage) Nack(context.Context, storage.NackParams) error       { return nil }
 func (s *batchesStorage) Release(context.Context, storage.ReleaseParams) error { return nil }
 func (s *batchesStorage) Extend(_ context.Context, p storage.ExtendParams) ([]int64, error) {
-	return p.IDs, nil
+	return refIDs(p.Records), nil
 }
 
 // settledBut reports whether every batch was handed out and every record

@@ -181,18 +181,19 @@ func deadLetter(t *testing.T, s storage.Storage, ids []int64, recs []deadRec) {
 	if len(claimed) != len(ids) {
 		t.Fatalf("claimed %d records to seed, want %d", len(claimed), len(ids))
 	}
-	var release []int64
+	var release []storage.ClaimRef
 	for i, id := range ids {
+		ref := storage.ClaimRef{ID: id, Attempt: 1} // each record's first claim
 		if recs[i].dead {
-			if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: id, WorkerID: "seed", Error: recs[i].err}); err != nil {
+			if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: ref, WorkerID: "seed", Error: recs[i].err}); err != nil {
 				t.Fatal(err)
 			}
 		} else {
-			release = append(release, id)
+			release = append(release, ref)
 		}
 	}
 	if len(release) > 0 {
-		if err := s.Release(ctx, storage.ReleaseParams{IDs: release, WorkerID: "seed", RetryAt: time.Now()}); err != nil {
+		if err := s.Release(ctx, storage.ReleaseParams{Records: release, WorkerID: "seed", RetryAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -17,31 +17,34 @@ type Storage interface {
 	// nothing is claimable.
 	Claim(ctx context.Context, params ClaimParams) ([]Record, error)
 
-	// Ack marks the records delivered. Ids not leased by params.WorkerID are
-	// ignored.
+	// Ack marks the records delivered. A record is only touched while
+	// params.WorkerID holds the lease its ClaimRef names (see [ClaimRef]);
+	// the others are ignored.
 	Ack(ctx context.Context, params AckParams) error
 
 	// Nack records params.Error on the record, ends its lease and makes it due
-	// again at params.RetryAt. Ignored unless the record is leased by
-	// params.WorkerID.
+	// again at params.RetryAt. Ignored unless params.WorkerID holds the lease
+	// params.Record names.
 	Nack(ctx context.Context, params NackParams) error
 
 	// Release ends the lease of records that were claimed but never tried: their
 	// attempts go back down by one, no error is recorded, and they are due again at
-	// params.RetryAt. Ids not leased by params.WorkerID are ignored.
+	// params.RetryAt. Records whose lease params.WorkerID does not hold, as
+	// their ClaimRef names it, are ignored.
 	Release(ctx context.Context, params ReleaseParams) error
 
 	// DeadLetter parks the record for good with params.Error: it is never
-	// claimed again unless re-driven. Ignored unless the record is leased by
-	// params.WorkerID.
+	// claimed again unless re-driven. Ignored unless params.WorkerID holds the
+	// lease params.Record names.
 	DeadLetter(ctx context.Context, params DeadLetterParams) error
 
-	// Extend pushes the lease of records still leased to params.WorkerID out to
-	// now+params.Lease, so that a forwarder keeps the records of a key group
-	// it is still working through. It returns the ids it extended, in any
-	// order. A record leased by another worker, or whose lease has already run
-	// out, is not extended (fencing): a forwarder that finds an id missing has
-	// lost that record and must not publish it.
+	// Extend pushes the lease of records still leased to params.WorkerID, by
+	// the claim their ClaimRef names, out to now+params.Lease, so that a
+	// forwarder keeps the records of a key group it is still working
+	// through. It returns the ids it extended, in any order. A record leased
+	// by another worker or by another claim, or whose lease has already run
+	// out, is not extended (fencing): a forwarder that finds an id missing
+	// has lost that record and must not publish it.
 	Extend(ctx context.Context, params ExtendParams) ([]int64, error)
 }
 
@@ -61,6 +64,8 @@ type Record struct {
 	// Metadata is the message metadata as the producer set it.
 	Metadata map[string]string
 	// Attempts counts claims, including the one that returned this record.
+	// As a claim returned it, it is also that claim's token: write-backs
+	// name the record by [Record.Ref], its ID and Attempts.
 	Attempts int
 	// CreatedAt is when the record was inserted.
 	CreatedAt time.Time
@@ -76,19 +81,52 @@ type ClaimParams struct {
 	BatchSize int
 	// Lease is how long the claimed records stay leased; always > 0.
 	Lease time.Duration
-	// WorkerID identifies the claimer; write-backs are fenced on it.
+	// WorkerID identifies the claimer; write-backs are fenced on it and on
+	// the attempts the claim returns (see [ClaimRef]).
 	WorkerID string
+}
+
+// ClaimRef names one record as one claim handed it out: the record's id and
+// the attempt number that claim returned ([Record.Attempts]). Every
+// write-back names its records this way, and a storage applies it only
+// while the lease of that claim is the record's lease: held by the calling
+// worker with these attempts (see the package documentation, "Fencing"). A
+// write-back from an older claim of the same worker, whose lease ran out and
+// which the worker claimed again since, then touches nothing.
+type ClaimRef struct {
+	// ID is the record's id.
+	ID int64
+	// Attempt is Record.Attempts as the claim returned it; no claim
+	// returns 0.
+	Attempt int
+}
+
+// Ref returns the ClaimRef of a record a claim returned: its ID and
+// Attempts.
+func (r *Record) Ref() ClaimRef { return ClaimRef{ID: r.ID, Attempt: r.Attempts} }
+
+// Refs returns the ClaimRef of each record, in the same order.
+func Refs(records []Record) []ClaimRef {
+	refs := make([]ClaimRef, len(records))
+	for i := range records {
+		refs[i] = records[i].Ref()
+	}
+	return refs
 }
 
 // AckParams are the parameters of [Storage.Ack].
 type AckParams struct {
-	IDs      []int64
+	// Records are the records to ack, as their claim returned them.
+	Records []ClaimRef
+	// WorkerID is the worker that claimed them.
 	WorkerID string
 }
 
 // NackParams are the parameters of [Storage.Nack].
 type NackParams struct {
-	ID       int64
+	// Record is the record whose publish failed, as its claim returned it.
+	Record ClaimRef
+	// WorkerID is the worker that claimed it.
 	WorkerID string
 	// Error is the reason the publish failed, kept as the record's last error.
 	Error string
@@ -98,7 +136,10 @@ type NackParams struct {
 
 // ReleaseParams are the parameters of [Storage.Release].
 type ReleaseParams struct {
-	IDs      []int64
+	// Records are the records to give back untried, as their claim
+	// returned them.
+	Records []ClaimRef
+	// WorkerID is the worker that claimed them.
 	WorkerID string
 	// RetryAt is when the records become due again (application clock).
 	RetryAt time.Time
@@ -106,7 +147,9 @@ type ReleaseParams struct {
 
 // DeadLetterParams are the parameters of [Storage.DeadLetter].
 type DeadLetterParams struct {
-	ID       int64
+	// Record is the record to park, as its claim returned it.
+	Record ClaimRef
+	// WorkerID is the worker that claimed it.
 	WorkerID string
 	// Error is the reason the record was parked.
 	Error string
@@ -114,7 +157,10 @@ type DeadLetterParams struct {
 
 // ExtendParams are the parameters of [Storage.Extend].
 type ExtendParams struct {
-	IDs      []int64
+	// Records are the records whose lease to extend, as their claim
+	// returned them.
+	Records []ClaimRef
+	// WorkerID is the worker that claimed them.
 	WorkerID string
 	// Lease is the new lease, counted from now; always > 0.
 	Lease time.Duration

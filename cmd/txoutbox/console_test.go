@@ -109,10 +109,10 @@ func consoleDBWithKey(t *testing.T, kind, key string) (string, string) {
 	if err != nil || len(recs) != 2 {
 		t.Fatalf("claim = %d records, %v", len(recs), err)
 	}
-	if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: recs[0].ID, WorkerID: "w", Error: "broker said no"}); err != nil {
+	if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: recs[0].Ref(), WorkerID: "w", Error: "broker said no"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(ctx, storage.ReleaseParams{IDs: []int64{recs[1].ID}, WorkerID: "w", RetryAt: time.Now()}); err != nil {
+	if err := s.Release(ctx, storage.ReleaseParams{Records: []storage.ClaimRef{recs[1].Ref()}, WorkerID: "w", RetryAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	return f.url, cmp.Or(f.table, "outbox")

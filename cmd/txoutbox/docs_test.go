@@ -114,11 +114,11 @@ func docsFixture(t *testing.T) (string, string) {
 		t.Fatalf("claim: %v %v", claimed, err)
 	}
 	for id, e := range map[int64]string{1: "kafka: topic orders.created: message too large (1048588 > 1048576 bytes)", 2: "amqp: NOT_FOUND - no exchange 'invoices'"} {
-		if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: id, WorkerID: "orders-relay-7d9f-1", Error: e}); err != nil {
+		if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: storage.ClaimRef{ID: id, Attempt: 1}, WorkerID: "orders-relay-7d9f-1", Error: e}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Ack(ctx, storage.AckParams{IDs: []int64{4}, WorkerID: "orders-relay-7d9f-1"}); err != nil {
+	if err := s.Ack(ctx, storage.AckParams{Records: []storage.ClaimRef{{ID: 4, Attempt: 1}}, WorkerID: "orders-relay-7d9f-1"}); err != nil {
 		t.Fatal(err)
 	}
 	var role string

@@ -71,8 +71,8 @@ func hostileFixture(t *testing.T, f fixture) (dead, leased, skipped int64) {
 		t.Fatalf("claim: %v %v", got, err)
 	}
 	dead, leased, skipped = got[0].ID, got[1].ID, got[2].ID
-	for _, id := range []int64{dead, skipped} {
-		if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: id, WorkerID: hostileWorker, Error: hostileError}); err != nil {
+	for _, ref := range []storage.ClaimRef{got[0].Ref(), got[2].Ref()} {
+		if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: ref, WorkerID: hostileWorker, Error: hostileError}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -415,12 +415,13 @@ func fill(t *testing.T, f fixture) fixture {
 	if err != nil || len(claimed) != 4 {
 		t.Fatalf("claim: %v %v", claimed, err)
 	}
+	ref := func(n string) storage.ClaimRef { return storage.ClaimRef{ID: ids[n], Attempt: 1} } // first claims
 	for _, n := range []string{"a1", "b1"} {
-		if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[n], WorkerID: "fwd-1", Error: "broker said no: " + n}); err != nil {
+		if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: ref(n), WorkerID: "fwd-1", Error: "broker said no: " + n}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Ack(ctx, storage.AckParams{IDs: []int64{ids["d1"]}, WorkerID: "fwd-1"}); err != nil {
+	if err := s.Ack(ctx, storage.AckParams{Records: []storage.ClaimRef{ref("d1")}, WorkerID: "fwd-1"}); err != nil {
 		t.Fatal(err)
 	}
 	switch f.kind {

@@ -266,7 +266,7 @@ func redead(t *testing.T, dbURL, table string) {
 	if err != nil || len(recs) != 1 || recs[0].ID != 1 {
 		t.Fatalf("claim = %v, %v; want record 1", recs, err)
 	}
-	if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: 1, WorkerID: "w2", Error: "again"}); err != nil {
+	if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: recs[0].Ref(), WorkerID: "w2", Error: "again"}); err != nil {
 		t.Fatal(err)
 	}
 }

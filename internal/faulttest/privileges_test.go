@@ -143,10 +143,10 @@ func TestLeastPrivileges(t *testing.T) {
 		name string
 		err  error
 	}{
-		{"ack", fwd.Ack(ctx, storage.AckParams{IDs: []int64{recs[0].ID}, WorkerID: "w"})},
-		{"nack", fwd.Nack(ctx, storage.NackParams{ID: recs[1].ID, WorkerID: "w", Error: "e", RetryAt: time.Now()})},
-		{"release", fwd.Release(ctx, storage.ReleaseParams{IDs: []int64{recs[2].ID}, WorkerID: "w", RetryAt: time.Now()})},
-		{"dead-letter", fwd.DeadLetter(ctx, storage.DeadLetterParams{ID: recs[3].ID, WorkerID: "w", Error: "e"})},
+		{"ack", fwd.Ack(ctx, storage.AckParams{Records: []storage.ClaimRef{recs[0].Ref()}, WorkerID: "w"})},
+		{"nack", fwd.Nack(ctx, storage.NackParams{Record: recs[1].Ref(), WorkerID: "w", Error: "e", RetryAt: time.Now()})},
+		{"release", fwd.Release(ctx, storage.ReleaseParams{Records: []storage.ClaimRef{recs[2].Ref()}, WorkerID: "w", RetryAt: time.Now()})},
+		{"dead-letter", fwd.DeadLetter(ctx, storage.DeadLetterParams{Record: recs[3].Ref(), WorkerID: "w", Error: "e"})},
 	}
 	_, err = fwd.Redrive(ctx, storage.RedriveParams{IDs: []int64{recs[3].ID}})
 	steps = append(steps, struct {

@@ -213,7 +213,8 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 	return out, nil
 }
 
-// Ack marks the records leased by params.WorkerID delivered.
+// Ack marks delivered the records whose lease params.WorkerID holds by the
+// claim their ClaimRef names.
 func (s *Storage) Ack(ctx context.Context, params storage.AckParams) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("ack outbox records: %w", err)
@@ -222,8 +223,8 @@ func (s *Storage) Ack(ctx context.Context, params storage.AckParams) error {
 	defer s.mu.Unlock()
 
 	now := s.config.Now()
-	for _, id := range params.IDs {
-		if e := s.leased(id, params.WorkerID); e != nil {
+	for _, ref := range params.Records {
+		if e := s.leased(ref, params.WorkerID); e != nil {
 			e.status = storage.StatusDelivered
 			e.deliveredAt = now
 			e.endLease()
@@ -232,16 +233,16 @@ func (s *Storage) Ack(ctx context.Context, params storage.AckParams) error {
 	return nil
 }
 
-// Nack records the error and schedules the retry of a record leased by
-// params.WorkerID.
+// Nack records the error and schedules the retry of a record whose lease
+// params.WorkerID holds by the claim params.Record names.
 func (s *Storage) Nack(ctx context.Context, params storage.NackParams) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("nack outbox record %d: %w", params.ID, err)
+		return fmt.Errorf("nack outbox record %d: %w", params.Record.ID, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	if e := s.leased(params.ID, params.WorkerID); e != nil {
+	if e := s.leased(params.Record, params.WorkerID); e != nil {
 		e.lastError = params.Error
 		e.dueAt = params.RetryAt
 		e.endLease()
@@ -249,8 +250,9 @@ func (s *Storage) Nack(ctx context.Context, params storage.NackParams) error {
 	return nil
 }
 
-// Release gives back records leased by params.WorkerID that were never tried:
-// attempts-1, no error recorded, due again at params.RetryAt.
+// Release gives back records that were never tried, whose lease
+// params.WorkerID holds by the claim their ClaimRef names: attempts-1, no
+// error recorded, due again at params.RetryAt.
 func (s *Storage) Release(ctx context.Context, params storage.ReleaseParams) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("release outbox records: %w", err)
@@ -258,8 +260,8 @@ func (s *Storage) Release(ctx context.Context, params storage.ReleaseParams) err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	for _, id := range params.IDs {
-		if e := s.leased(id, params.WorkerID); e != nil {
+	for _, ref := range params.Records {
+		if e := s.leased(ref, params.WorkerID); e != nil {
 			e.record.Attempts = max(e.record.Attempts-1, 0)
 			e.dueAt = params.RetryAt
 			e.endLease()
@@ -268,15 +270,16 @@ func (s *Storage) Release(ctx context.Context, params storage.ReleaseParams) err
 	return nil
 }
 
-// DeadLetter parks a record leased by params.WorkerID for good.
+// DeadLetter parks for good a record whose lease params.WorkerID holds by
+// the claim params.Record names.
 func (s *Storage) DeadLetter(ctx context.Context, params storage.DeadLetterParams) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("dead-letter outbox record %d: %w", params.ID, err)
+		return fmt.Errorf("dead-letter outbox record %d: %w", params.Record.ID, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	if e := s.leased(params.ID, params.WorkerID); e != nil {
+	if e := s.leased(params.Record, params.WorkerID); e != nil {
 		e.status = storage.StatusDead
 		e.lastError = params.Error
 		e.deadAt = s.config.Now()
@@ -285,8 +288,9 @@ func (s *Storage) DeadLetter(ctx context.Context, params storage.DeadLetterParam
 	return nil
 }
 
-// Extend pushes the lease of the records params.WorkerID still holds, and
-// whose lease has not run out, to now+params.Lease.
+// Extend pushes the lease of the records params.WorkerID still holds by the
+// claim their ClaimRef names, and whose lease has not run out, to
+// now+params.Lease.
 func (s *Storage) Extend(ctx context.Context, params storage.ExtendParams) ([]int64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("extend outbox leases: %w", err)
@@ -299,10 +303,10 @@ func (s *Storage) Extend(ctx context.Context, params storage.ExtendParams) ([]in
 
 	now := s.config.Now()
 	var extended []int64
-	for _, id := range params.IDs {
-		if e := s.leased(id, params.WorkerID); e != nil && now.Before(e.leasedUntil) {
+	for _, ref := range params.Records {
+		if e := s.leased(ref, params.WorkerID); e != nil && now.Before(e.leasedUntil) {
 			e.leasedUntil = now.Add(params.Lease)
-			extended = append(extended, id)
+			extended = append(extended, ref.ID)
 		}
 	}
 	return extended, nil
@@ -416,13 +420,16 @@ func (s *Storage) Redrive(ctx context.Context, params storage.RedriveParams) (in
 	return changed, nil
 }
 
-// leased returns the pending record with this id if workerID holds its lease,
-// nil otherwise: this is the fencing every write-back goes through. A lease
-// that expired but was not taken over still counts; once another worker
-// claims the record, leasedBy names that worker and the old one is shut out.
-func (s *Storage) leased(id int64, workerID string) *entry {
-	e := s.byID[id]
-	if e == nil || e.status != storage.StatusPending || e.leasedBy == "" || e.leasedBy != workerID {
+// leased returns the pending record ref names if workerID holds its lease
+// by the claim ref names (its attempts are ref.Attempt), nil otherwise: this
+// is the fencing every write-back goes through. A lease that expired but was
+// not claimed again still counts; once the record is claimed again, by
+// another worker or by this one, leasedBy or the attempts differ and the old
+// claim is shut out.
+func (s *Storage) leased(ref storage.ClaimRef, workerID string) *entry {
+	e := s.byID[ref.ID]
+	if e == nil || e.status != storage.StatusPending || e.leasedBy == "" || e.leasedBy != workerID ||
+		e.record.Attempts != ref.Attempt {
 		return nil
 	}
 	return e

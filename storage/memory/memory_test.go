@@ -120,10 +120,11 @@ func TestStatsAndPurgeFollowConfiguredClock(t *testing.T) {
 	ctx := t.Context()
 	ids := s.Add(storage.Record{Topic: "t"}, storage.Record{Topic: "t"})
 	clock.Advance(time.Minute)
-	if _, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 1, Lease: time.Hour, WorkerID: "w"}); err != nil {
-		t.Fatal(err)
+	got, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 1, Lease: time.Hour, WorkerID: "w"})
+	if err != nil || len(got) != 1 || got[0].ID != ids[0] {
+		t.Fatalf("Claim returned %v, %v; want record %d", got, err, ids[0])
 	}
-	if err := s.Ack(ctx, storage.AckParams{IDs: ids[:1], WorkerID: "w"}); err != nil {
+	if err := s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "w"}); err != nil {
 		t.Fatal(err)
 	}
 	clock.Advance(time.Minute)
@@ -193,7 +194,7 @@ func TestInvalidCalls(t *testing.T) {
 	if _, err := s.Claim(cancelled, storage.ClaimParams{BatchSize: 1, Lease: time.Second, WorkerID: "w"}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Claim with a cancelled context returned %v, want context.Canceled", err)
 	}
-	if err := s.Ack(cancelled, storage.AckParams{IDs: []int64{1}, WorkerID: "w"}); !errors.Is(err, context.Canceled) {
+	if err := s.Ack(cancelled, storage.AckParams{Records: []storage.ClaimRef{{ID: 1, Attempt: 1}}, WorkerID: "w"}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Ack with a cancelled context returned %v, want context.Canceled", err)
 	}
 }
@@ -203,7 +204,7 @@ func TestEmptyWorkerIDNeverMatches(t *testing.T) {
 	id := s.Add(storage.Record{Topic: "t"})[0]
 	// The record is not leased: a write-back with an empty worker id must not
 	// match its empty lease holder.
-	if err := s.DeadLetter(t.Context(), storage.DeadLetterParams{ID: id, Error: "x"}); err != nil {
+	if err := s.DeadLetter(t.Context(), storage.DeadLetterParams{Record: storage.ClaimRef{ID: id}, Error: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := s.Get(id); st.Status != storage.StatusPending {

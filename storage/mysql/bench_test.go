@@ -41,7 +41,7 @@ func BenchmarkClaimAck(b *testing.B) {
 						continue
 					}
 					t1 := time.Now()
-					if err := s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: "w"}); err != nil {
+					if err := s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "w"}); err != nil {
 						b.Fatal(err)
 					}
 					claimT += t1.Sub(t0)

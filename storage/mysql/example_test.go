@@ -63,12 +63,10 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	var ids []int64
 	for _, r := range records {
 		fmt.Println(r.Topic, r.Key, string(r.Payload), "attempt", r.Attempts)
-		ids = append(ids, r.ID)
 	}
-	if err := store.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "worker-1"}); err != nil {
+	if err := store.Ack(ctx, storage.AckParams{Records: storage.Refs(records), WorkerID: "worker-1"}); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -231,4 +232,27 @@ func must(t testing.TB, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// liveRefs names records as their live claims returned them (the attempts
+// stored with their lease), for write-backs of the worker holding them.
+func liveRefs(t testing.TB, s *Storage, ids ...int64) []storage.ClaimRef {
+	t.Helper()
+	refs := make([]storage.ClaimRef, len(ids))
+	for i, id := range ids {
+		refs[i] = liveRef(t, s, id)
+	}
+	return refs
+}
+
+// liveRef is liveRefs for one record: attempts 0 (no claim's) when it has
+// no lease. Safe from any goroutine: a failure is reported with Errorf.
+func liveRef(t testing.TB, s *Storage, id int64) storage.ClaimRef {
+	t.Helper()
+	var attempts int
+	err := s.db.QueryRowContext(context.Background(), "SELECT attempts FROM "+s.table+" WHERE id = ?", id).Scan(&attempts)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		t.Errorf("read the attempts of record %d: %v", id, err)
+	}
+	return storage.ClaimRef{ID: id, Attempt: attempts}
 }

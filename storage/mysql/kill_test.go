@@ -100,7 +100,7 @@ func TestKilledConnectionLosesNothing(t *testing.T) {
 					}
 				}
 				mu.Unlock()
-				if err := s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: worker}); err != nil {
+				if err := s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: worker}); err != nil {
 					failures.Add(1) // a killed ack: the lease runs out, the rows come back
 				}
 			}

@@ -91,8 +91,8 @@ func TestMigrateUpgradeFromVersion1(t *testing.T) {
 	if !slices.Equal(idsOf(got), []int64{a1, b1, c1}) {
 		t.Fatalf("claimed %v", idsOf(got))
 	}
-	must(t, s.DeadLetter(t.Context(), storage.DeadLetterParams{ID: a1, WorkerID: "w1", Error: "poison"}))
-	must(t, s.Ack(t.Context(), storage.AckParams{IDs: []int64{c1}, WorkerID: "w1"}))
+	must(t, s.DeadLetter(t.Context(), storage.DeadLetterParams{Record: liveRef(t, s, a1), WorkerID: "w1", Error: "poison"}))
+	must(t, s.Ack(t.Context(), storage.AckParams{Records: liveRefs(t, s, c1), WorkerID: "w1"}))
 	before := dump(t, s)
 	if len(before) != 7 {
 		t.Fatalf("dump has %d rows", len(before))
@@ -127,7 +127,7 @@ func TestMigrateUpgradeFromVersion1(t *testing.T) {
 	if !slices.Equal(idsOf(got), []int64{k, a2, a3}) {
 		t.Fatalf("claimed %v after the upgrade, want [%d %d %d]", idsOf(got), k, a2, a3)
 	}
-	must(t, s.Ack(t.Context(), storage.AckParams{IDs: []int64{b1}, WorkerID: "w1"}))
+	must(t, s.Ack(t.Context(), storage.AckParams{Records: liveRefs(t, s, b1), WorkerID: "w1"}))
 	if got := claim(t, s, "w2", 10, time.Hour); !slices.Equal(idsOf(got), []int64{b2}) {
 		t.Fatalf("claimed %v after b1's ack, want [%d]", idsOf(got), b2)
 	}

@@ -210,7 +210,7 @@ func TestParking(t *testing.T) {
 	}
 	// Ack of the head unparks the next row; a claim takes it with its
 	// followers (parked ones included), a prefix of the key.
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:1], WorkerID: "w1"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:1]...), WorkerID: "w1"}))
 	if p := parkedIDs(t, s); !slices.Equal(p, ids[2:]) {
 		t.Fatalf("after ack parked %v, want %v", p, ids[2:])
 	}
@@ -221,8 +221,8 @@ func TestParking(t *testing.T) {
 	// Nack of the head, release of its followers (unparked when leased):
 	// the key waits for the head's retry and the next claim parks them
 	// again.
-	must(t, s.Nack(ctx, storage.NackParams{ID: ids[1], WorkerID: "w3", Error: "boom", RetryAt: time.Now().Add(time.Hour)}))
-	must(t, s.Release(ctx, storage.ReleaseParams{IDs: ids[2:4], WorkerID: "w3", RetryAt: time.Now()}))
+	must(t, s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, ids[1]), WorkerID: "w3", Error: "boom", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, ids[2:4]...), WorkerID: "w3", RetryAt: time.Now()}))
 	if got := claim(t, s, "w4", 10, time.Minute); len(got) != 0 {
 		t.Fatalf("claim while the head waits for its retry = %v", idsOf(got))
 	}
@@ -235,12 +235,12 @@ func TestParking(t *testing.T) {
 	if got := claim(t, s, "w4", 1, time.Minute); !slices.Equal(idsOf(got), ids[1:2]) {
 		t.Fatalf("claim of the due head = %v, want %v", idsOf(got), ids[1:2])
 	}
-	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[1], WorkerID: "w4", Error: "poison"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[1]), WorkerID: "w4", Error: "poison"}))
 	if got := claim(t, s, "w5", 10, time.Minute); !slices.Equal(idsOf(got), ids[2:]) {
 		t.Fatalf("claim after dead-letter = %v, want %v", idsOf(got), ids[2:])
 	}
 	// Redrive un-parks and the re-driven row is claimable.
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[2:], WorkerID: "w5"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[2:]...), WorkerID: "w5"}))
 	n, err := s.Redrive(ctx, storage.RedriveParams{IDs: ids[1:2]})
 	must(t, err)
 	if n != 1 {
@@ -262,7 +262,7 @@ func backlogBehindRetry(t *testing.T, s *Storage, behind int) []int64 {
 	}
 	ids := insert(t, s, recs(keys...)...)
 	head := claim(t, s, "w", 1, time.Minute)
-	must(t, s.Nack(t.Context(), storage.NackParams{ID: head[0].ID, WorkerID: "w", Error: "later", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.Nack(t.Context(), storage.NackParams{Record: head[0].Ref(), WorkerID: "w", Error: "later", RetryAt: time.Now().Add(time.Hour)}))
 	return ids
 }
 
@@ -343,9 +343,9 @@ func TestDeleteOnAck(t *testing.T) {
 	if len(got) != 4 {
 		t.Fatalf("claimed %v, want all 4", idsOf(got))
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "other"}))
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "w"}))
-	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[2], WorkerID: "w", Error: "boom"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:2]...), WorkerID: "other"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:2]...), WorkerID: "w"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[2]), WorkerID: "w", Error: "boom"}))
 	left, err := queryIDsDB(t, s, "SELECT id FROM "+s.table+" ORDER BY id")
 	must(t, err)
 	if !slices.Equal(left, ids[2:]) {
@@ -367,7 +367,7 @@ func TestPurgeInBatches(t *testing.T) {
 	var acked int
 	for acked < n {
 		got := claim(t, s, "w", 1000, time.Minute)
-		must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: "w"}))
+		must(t, s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "w"}))
 		acked += len(got)
 	}
 	if got, err := s.Purge(ctx, time.Hour); err != nil || got != 0 {
@@ -437,7 +437,7 @@ func TestClaimDeadlocks(t *testing.T) {
 		for w := range claimers {
 			if len(claimed[w]) > 0 {
 				wg.Go(func() {
-					errs[w] = s.Ack(ctx, storage.AckParams{IDs: claimed[w], WorkerID: fmt.Sprint("w", w)})
+					errs[w] = s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, claimed[w]...), WorkerID: fmt.Sprint("w", w)})
 				})
 				acked += len(claimed[w])
 			}
@@ -514,25 +514,25 @@ func stressClaimersAndWriters(t *testing.T, lease time.Duration, crash bool, wor
 				var err2 error
 				switch x := rand.IntN(20); {
 				case x < 12:
-					err2 = s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: worker})
+					err2 = s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: worker})
 				case x < 14:
-					err2 = s.Nack(ctx, storage.NackParams{ID: got[0].ID, WorkerID: worker, Error: "x", RetryAt: time.Now().Add(5 * time.Millisecond)})
+					err2 = s.Nack(ctx, storage.NackParams{Record: got[0].Ref(), WorkerID: worker, Error: "x", RetryAt: time.Now().Add(5 * time.Millisecond)})
 					if err2 == nil && len(got) > 1 {
-						err2 = s.Release(ctx, storage.ReleaseParams{IDs: idsOf(got[1:]), WorkerID: worker, RetryAt: time.Now().Add(5 * time.Millisecond)})
+						err2 = s.Release(ctx, storage.ReleaseParams{Records: storage.Refs(got[1:]), WorkerID: worker, RetryAt: time.Now().Add(5 * time.Millisecond)})
 					}
 				case x < 15:
-					err2 = s.DeadLetter(ctx, storage.DeadLetterParams{ID: got[0].ID, WorkerID: worker, Error: "dead"})
+					err2 = s.DeadLetter(ctx, storage.DeadLetterParams{Record: got[0].Ref(), WorkerID: worker, Error: "dead"})
 					if err2 == nil && len(got) > 1 {
-						err2 = s.Ack(ctx, storage.AckParams{IDs: idsOf(got[1:]), WorkerID: worker})
+						err2 = s.Ack(ctx, storage.AckParams{Records: storage.Refs(got[1:]), WorkerID: worker})
 					}
 				case x < 17:
-					_, err2 = s.Extend(ctx, storage.ExtendParams{IDs: idsOf(got), WorkerID: worker, Lease: lease})
+					_, err2 = s.Extend(ctx, storage.ExtendParams{Records: storage.Refs(got), WorkerID: worker, Lease: lease})
 					if err2 == nil {
-						err2 = s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: worker})
+						err2 = s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: worker})
 					}
 				case crash: // the lease runs out
 				default:
-					err2 = s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: worker})
+					err2 = s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: worker})
 				}
 				if err2 != nil {
 					errs <- err2

@@ -11,14 +11,15 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
-// lockOwned locks the rows of ids, in id order, and returns those that are
-// pending and leased by worker, with their keys. Write-backs lock in id
-// order, so write-backs do not deadlock each other.
-func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, ids []int64, worker, extra string) (owned []int64, keys []string, reps []int64, err error) {
+// lockOwned locks the rows of refs, in id order, and returns those that are
+// pending and leased by worker by the claim their ref names, with their
+// keys. Write-backs lock in id order, so write-backs do not deadlock each
+// other.
+func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, refs []storage.ClaimRef, worker, extra string) (owned []int64, keys []string, reps []int64, err error) {
 	var b strings.Builder
-	b.WriteString("SELECT id, `key` FROM " + s.table + " WHERE id IN (")
-	idList(&b, ids)
-	b.WriteString(") AND status = 'pending' AND leased_by = ")
+	b.WriteString("SELECT id, `key` FROM " + s.table + " WHERE ")
+	refsCond(&b, refs)
+	b.WriteString(" AND status = 'pending' AND leased_by = ")
 	strLit(&b, worker)
 	b.WriteString(extra)
 	b.WriteString(" ORDER BY id FOR UPDATE")
@@ -183,11 +184,11 @@ func (s *Storage) lowestPending(ctx context.Context, tx *sql.Tx, acked []int64, 
 // delivered (deleted with [Config.DeleteOnAck]) and the next row of each of
 // their keys is unparked, in one transaction.
 func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
-	if len(p.IDs) == 0 {
+	if len(p.Records) == 0 {
 		return nil
 	}
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		owned, keys, reps, err := s.lockOwned(ctx, tx, p.IDs, p.WorkerID, "")
+		owned, keys, reps, err := s.lockOwned(ctx, tx, p.Records, p.WorkerID, "")
 		if err != nil || len(owned) == 0 {
 			return err
 		}
@@ -201,7 +202,7 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 		return s.promote(ctx, tx, reps, keys)
 	})
 	if err != nil {
-		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.Records), s.table, err)
 	}
 	return nil
 }
@@ -212,10 +213,10 @@ func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 	var b strings.Builder
 	b.WriteString("UPDATE " + s.table + " SET leased_by = NULL, leased_until = NULL, due_at = " + timeLit(p.RetryAt) + ", last_error = ")
 	strLit(&b, validText(p.Error))
-	fmt.Fprintf(&b, " WHERE id = %d AND status = 'pending' AND leased_by = ", p.ID)
+	fmt.Fprintf(&b, " WHERE id = %d AND attempts = %d AND status = 'pending' AND leased_by = ", p.Record.ID, p.Record.Attempt)
 	strLit(&b, p.WorkerID)
 	if _, err := s.exec(ctx, b.String()); err != nil {
-		return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
+		return fmt.Errorf("nack outbox row %d in %s: %w", p.Record.ID, s.table, err)
 	}
 	return nil
 }
@@ -223,16 +224,16 @@ func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 // Release implements [storage.Storage]. One fenced statement; parking is not
 // changed.
 func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
-	if len(p.IDs) == 0 {
+	if len(p.Records) == 0 {
 		return nil
 	}
 	var b strings.Builder
-	b.WriteString("UPDATE " + s.table + " SET leased_by = NULL, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), due_at = " + timeLit(p.RetryAt) + " WHERE id IN (")
-	idList(&b, slices.Sorted(slices.Values(p.IDs)))
-	b.WriteString(") AND status = 'pending' AND leased_by = ")
+	b.WriteString("UPDATE " + s.table + " SET leased_by = NULL, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), due_at = " + timeLit(p.RetryAt) + " WHERE ")
+	refsCond(&b, p.Records)
+	b.WriteString(" AND status = 'pending' AND leased_by = ")
 	strLit(&b, p.WorkerID)
 	if _, err := s.exec(ctx, b.String()); err != nil {
-		return fmt.Errorf("release %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+		return fmt.Errorf("release %d outbox rows in %s: %w", len(p.Records), s.table, err)
 	}
 	return nil
 }
@@ -242,7 +243,7 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 // one transaction.
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		owned, keys, reps, err := s.lockOwned(ctx, tx, []int64{p.ID}, p.WorkerID, "")
+		owned, keys, reps, err := s.lockOwned(ctx, tx, []storage.ClaimRef{p.Record}, p.WorkerID, "")
 		if err != nil || len(owned) == 0 {
 			return err
 		}
@@ -250,7 +251,7 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 		// A dead row's due_at is when it was dead-lettered.
 		b.WriteString("UPDATE " + s.table + " SET status = 'dead', leased_by = NULL, leased_until = NULL, parked = 0, due_at = UTC_TIMESTAMP(6), last_error = ")
 		strLit(&b, validText(p.Error))
-		fmt.Fprintf(&b, " WHERE id = %d", p.ID)
+		fmt.Fprintf(&b, " WHERE id = %d", p.Record.ID)
 		if _, err := tx.ExecContext(ctx, b.String()); err != nil {
 			return err
 		}
@@ -260,7 +261,7 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 		return s.promote(ctx, tx, reps, keys)
 	})
 	if err != nil {
-		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
+		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.Record.ID, s.table, err)
 	}
 	return nil
 }
@@ -268,7 +269,7 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 // Extend implements [storage.Storage]: live leases of the worker are pushed
 // to now+params.Lease.
 func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, error) {
-	if len(p.IDs) == 0 {
+	if len(p.Records) == 0 {
 		return nil, nil
 	}
 	if p.Lease <= 0 {
@@ -277,7 +278,7 @@ func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, 
 	var owned []int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		owned, _, _, err = s.lockOwned(ctx, tx, p.IDs, p.WorkerID, " AND leased_until > UTC_TIMESTAMP(6)")
+		owned, _, _, err = s.lockOwned(ctx, tx, p.Records, p.WorkerID, " AND leased_until > UTC_TIMESTAMP(6)")
 		if err != nil || len(owned) == 0 {
 			return err
 		}
@@ -286,9 +287,30 @@ func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, 
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("extend %d outbox leases in %s: %w", len(p.IDs), s.table, err)
+		return nil, fmt.Errorf("extend %d outbox leases in %s: %w", len(p.Records), s.table, err)
 	}
 	return owned, nil
+}
+
+// refsCond writes the fence of a write-back on the claims refs name: the
+// ids in id order (the rows are found by primary key), and each id with the
+// attempts its claim returned (see storage.ClaimRef).
+func refsCond(b *strings.Builder, refs []storage.ClaimRef) {
+	ids := make([]int64, len(refs))
+	for i, r := range refs {
+		ids[i] = r.ID
+	}
+	slices.Sort(ids)
+	b.WriteString("id IN (")
+	idList(b, ids)
+	b.WriteString(") AND (id, attempts) IN (")
+	for i, r := range refs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(b, "(%d,%d)", r.ID, r.Attempt)
+	}
+	b.WriteByte(')')
 }
 
 // exec runs one statement on its own (autocommit). Its rows are found by

@@ -39,7 +39,6 @@ func BenchmarkClaimAck(b *testing.B) {
 				fill(b, s, backlog, 1000)
 				left := backlog
 				ctx := b.Context()
-				ids := make([]int64, 0, batch)
 				msgs := 0
 				var claimT, ackT time.Duration
 				b.ReportAllocs()
@@ -59,12 +58,8 @@ func BenchmarkClaimAck(b *testing.B) {
 					if len(got) != batch {
 						b.Fatalf("claimed %d, want %d", len(got), batch)
 					}
-					ids = ids[:0]
-					for _, r := range got {
-						ids = append(ids, r.ID)
-					}
 					t1 := time.Now()
-					if err := s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "bench"}); err != nil {
+					if err := s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "bench"}); err != nil {
 						b.Fatal(err)
 					}
 					claimT += t1.Sub(t0)
@@ -94,11 +89,7 @@ func BenchmarkClaimLargeBacklog(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ids := make([]int64, len(got))
-		for i, r := range got {
-			ids[i] = r.ID
-		}
-		if err := s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "bench"}); err != nil {
+		if err := s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "bench"}); err != nil {
 			b.Fatal(err)
 		}
 		msgs += len(got)
@@ -138,11 +129,7 @@ func BenchmarkDrainWorkers(b *testing.B) {
 										time.Sleep(time.Millisecond) // an idle worker polls, as the forwarder would
 										continue
 									}
-									ids := make([]int64, len(got))
-									for i, r := range got {
-										ids[i] = r.ID
-									}
-									if err := s.Ack(b.Context(), storage.AckParams{IDs: ids, WorkerID: worker}); err != nil {
+									if err := s.Ack(b.Context(), storage.AckParams{Records: storage.Refs(got), WorkerID: worker}); err != nil {
 										b.Error(err)
 										return
 									}
@@ -181,7 +168,7 @@ func BenchmarkSteadyCycle(b *testing.B) {
 SELECT md5((g + $2)::text), 'bench', 'k' || ((g + $2) %% $3), convert_to(repeat('x', 256), 'UTF8'), '{"a":"b"}'
 FROM generate_series(1, $1) g`, s.table)
 	written := 0
-	var inFlight []int64
+	var inFlight []storage.ClaimRef
 	var insT, claimT, ackT time.Duration
 	msgs := 0
 	for b.Loop() {
@@ -194,12 +181,12 @@ FROM generate_series(1, $1) g`, s.table)
 		must(b, err)
 		t2 := time.Now()
 		if len(inFlight) > 0 {
-			must(b, s.Ack(ctx, storage.AckParams{IDs: inFlight, WorkerID: "bench"}))
+			must(b, s.Ack(ctx, storage.AckParams{Records: inFlight, WorkerID: "bench"}))
 		}
 		t3 := time.Now()
 		inFlight = inFlight[:0]
-		for _, r := range got {
-			inFlight = append(inFlight, r.ID)
+		for i := range got {
+			inFlight = append(inFlight, got[i].Ref())
 		}
 		msgs += len(got)
 		insT += t1.Sub(t0)

@@ -56,7 +56,7 @@ func TestClaimDecodesInEveryExecMode(t *testing.T) {
 			t.Errorf("%v: a claim of all %d rows with nothing held is not reported drained", mode, len(got))
 		}
 		// Give the rows back for the next mode.
-		must(t, s.Release(ctx, storage.ReleaseParams{IDs: idsOf(got), WorkerID: "w", RetryAt: time.Now().Add(-time.Second)}))
+		must(t, s.Release(ctx, storage.ReleaseParams{Records: storage.Refs(got), WorkerID: "w", RetryAt: time.Now().Add(-time.Second)}))
 		if len(got) != len(in) {
 			t.Fatalf("%v: claimed %d rows, want %d", mode, len(got), len(in))
 		}

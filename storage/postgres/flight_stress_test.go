@@ -87,7 +87,7 @@ func stressParkingInFlight(t *testing.T, cfg Config) {
 	for w := range 3 {
 		wg.Go(func() {
 			worker := fmt.Sprintf("w%d", w)
-			var held []int64
+			var held []storage.ClaimRef
 			for {
 				select {
 				case <-stop:
@@ -106,42 +106,42 @@ func stressParkingInFlight(t *testing.T, cfg Config) {
 						}
 					}
 					inBatch[r.ID] = true
-					held = append(held, r.ID)
+					held = append(held, r.Ref())
 				}
 				mu.Unlock()
 				rand.Shuffle(len(held), func(i, j int) { held[i], held[j] = held[j], held[i] })
 				if len(held) > 0 && rand.IntN(3) == 0 {
-					_, err := s.Extend(ctx, storage.ExtendParams{IDs: held, WorkerID: worker, Lease: time.Minute})
+					_, err := s.Extend(ctx, storage.ExtendParams{Records: held, WorkerID: worker, Lease: time.Minute})
 					check("extend", err)
 				}
 				// Settle a random part of what is held, in random steps.
 				n := rand.IntN(len(held) + 1)
 				part := held[:n]
-				held = append([]int64(nil), held[n:]...)
+				held = append([]storage.ClaimRef(nil), held[n:]...)
 				for len(part) > 0 {
 					switch x := rand.IntN(10); {
 					case x < 6:
 						m := 1 + rand.IntN(len(part))
-						ids := append([]int64(nil), part[:m]...)
+						refs := append([]storage.ClaimRef(nil), part[:m]...)
 						part = part[m:]
 						mu.Lock()
-						for _, id := range ids {
-							settled[id] = true
+						for _, r := range refs {
+							settled[r.ID] = true
 						}
 						mu.Unlock()
-						check("ack", s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: worker}))
+						check("ack", s.Ack(ctx, storage.AckParams{Records: refs, WorkerID: worker}))
 					case x < 8:
 						retry := time.Now().Add(time.Duration(rand.IntN(80)) * time.Millisecond)
-						check("nack", s.Nack(ctx, storage.NackParams{ID: part[0], WorkerID: worker, Error: "x", RetryAt: retry}))
+						check("nack", s.Nack(ctx, storage.NackParams{Record: part[0], WorkerID: worker, Error: "x", RetryAt: retry}))
 						part = part[1:]
 					case x < 9:
 						mu.Lock()
-						settled[part[0]] = true
+						settled[part[0].ID] = true
 						mu.Unlock()
-						check("dead-letter", s.DeadLetter(ctx, storage.DeadLetterParams{ID: part[0], WorkerID: worker, Error: "x"}))
+						check("dead-letter", s.DeadLetter(ctx, storage.DeadLetterParams{Record: part[0], WorkerID: worker, Error: "x"}))
 						part = part[1:]
 					default:
-						check("release", s.Release(ctx, storage.ReleaseParams{IDs: part, WorkerID: worker, RetryAt: time.Now()}))
+						check("release", s.Release(ctx, storage.ReleaseParams{Records: part, WorkerID: worker, RetryAt: time.Now()}))
 						part = nil
 					}
 				}

@@ -74,7 +74,7 @@ func TestClaimParksBehindARecordInFlight(t *testing.T) {
 			t.Fatalf("record %d has hold %q behind %d in flight, want behind", id, h, head)
 		}
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{head}, WorkerID: "w"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, head), WorkerID: "w"}))
 	if h := holdOf(t, s, first); h != "" {
 		t.Fatalf("record %d has hold %q after the ack of %d, want none", first, h, head)
 	}
@@ -162,7 +162,7 @@ func TestAckAfterAParkingClaimSetsFree(t *testing.T) {
 		t.Fatalf("the claim left %d with hold %q behind %d in flight, want behind", behind, hold, head)
 	}
 	done := make(chan error, 1)
-	go func() { done <- s.Ack(ctx, storage.AckParams{IDs: []int64{head}, WorkerID: "w"}) }()
+	go func() { done <- s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, head), WorkerID: "w"}) }()
 	awaitLockWait(t, s) // the ack waits for the lease the claim locked
 	must(t, tx.Commit(ctx))
 	must(t, <-done)
@@ -193,9 +193,9 @@ func TestNoParkingBetweenRecordsInFlight(t *testing.T) {
 			}
 			p := insert(t, s, rec("k"))[0]
 			if op == "nack" {
-				must(t, s.Nack(ctx, storage.NackParams{ID: e2, WorkerID: "w", Error: "x", RetryAt: time.Now()}))
+				must(t, s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, e2), WorkerID: "w", Error: "x", RetryAt: time.Now()}))
 			} else {
-				must(t, s.Release(ctx, storage.ReleaseParams{IDs: []int64{e2}, WorkerID: "w", RetryAt: time.Now()}))
+				must(t, s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, e2), WorkerID: "w", RetryAt: time.Now()}))
 			}
 			s.walkedFar.Store(true)
 			if got := claim(t, s, "v", 10, time.Minute); len(got) != 0 {
@@ -204,7 +204,7 @@ func TestNoParkingBetweenRecordsInFlight(t *testing.T) {
 			if h, hp := holdOf(t, s, e2), holdOf(t, s, p); h != "" || hp != "behind" {
 				t.Fatalf("holds %q (%d, between records in flight) and %q (%d, after them), want none and behind", h, e2, hp, p)
 			}
-			must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{e1, e3}, WorkerID: "w"}))
+			must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, e1, e3), WorkerID: "w"}))
 			got := claimTwice(t, s) // the first claim may take e2 alone: it is lean
 			if !slices.Equal(got, []int64{e2, p}) {
 				t.Fatalf("claimed %v with nothing of k in flight, want [%d %d]", got, e2, p)
@@ -242,7 +242,7 @@ func TestNoParkingOfRowsWhoseLeaseRanOut(t *testing.T) {
 	if hb, hc, hd := holdOf(t, s, b), holdOf(t, s, c), holdOf(t, s, d); hb != "" || hc != "" || hd != "behind" {
 		t.Fatalf("holds %q, %q (leases ran out), %q (no lease), want none, none, behind", hb, hc, hd)
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{a}, WorkerID: "w2"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, a), WorkerID: "w2"}))
 	got := claimTwice(t, s) // the first claim may take b and c alone: it is lean
 	if !slices.Equal(got, []int64{b, c, d}) {
 		t.Fatalf("claimed %v after the ack of %d, want [%d %d %d]", got, a, b, c, d)
@@ -288,7 +288,7 @@ func TestParkingWaitsForLateAcksOfItsKey(t *testing.T) {
 	if h := holdOf(t, s, backlog[0]); h != "behind" {
 		t.Fatalf("record %d has hold %q behind records in flight, want behind", backlog[0], h)
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "c"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:2]...), WorkerID: "c"}))
 	got := claimTwice(t, s) // the first claim may take the first row alone: it is lean
 	if !slices.Equal(got, backlog) {
 		t.Fatalf("claimed %v after every ack, want %v", got, backlog)
@@ -319,7 +319,7 @@ func TestNoParkingBelowARecordInFlight(t *testing.T) {
 			}
 			nack := func(id int64, due time.Time) {
 				t.Helper()
-				must(t, s.Nack(ctx, storage.NackParams{ID: id, WorkerID: "w", Error: "x", RetryAt: due}))
+				must(t, s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, id), WorkerID: "w", Error: "x", RetryAt: due}))
 			}
 			due := time.Now().Add(time.Hour) // made due below, by hand
 			switch by {
@@ -328,7 +328,7 @@ func TestNoParkingBelowARecordInFlight(t *testing.T) {
 				nack(r[0], due)
 			case "release": // released behind r0, which waits for its retry
 				nack(r[0], due)
-				must(t, s.Release(ctx, storage.ReleaseParams{IDs: []int64{r[3]}, WorkerID: "w", RetryAt: time.Now()}))
+				must(t, s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, r[3]), WorkerID: "w", RetryAt: time.Now()}))
 			case "claim": // the claim parks the rows held back that it passes
 				nack(r[0], due)
 				nack(r[3], time.Now())
@@ -344,8 +344,8 @@ func TestNoParkingBelowARecordInFlight(t *testing.T) {
 			if got := claimTwice(t, s); !slices.Equal(got, r[:1]) {
 				t.Fatalf("claimed %v once the retry is due, want %d", got, r[0])
 			}
-			must(t, s.Ack(ctx, storage.AckParams{IDs: r[:1], WorkerID: "v"}))
-			must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{r[1], r[2], r[4]}, WorkerID: "w"}))
+			must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, r[:1]...), WorkerID: "v"}))
+			must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, r[1], r[2], r[4]), WorkerID: "w"}))
 			if got, want := claimTwice(t, s), []int64{r[3], r[5], r[6]}; !slices.Equal(got, want) {
 				t.Fatalf("claimed %v with nothing of the key in flight, want %v", got, want)
 			}
@@ -394,8 +394,8 @@ func TestParkMoreParksNothingBelowALease(t *testing.T) {
 	if got := idsOf(claim(t, s, "c", parkChunk+3, time.Minute)); !slices.Equal(got, ids[:parkChunk+3]) {
 		t.Fatalf("claimed %d rows, want h and the %d rows parked behind it", len(got), parkChunk+2)
 	}
-	must(t, s.Release(ctx, storage.ReleaseParams{IDs: []int64{x}, WorkerID: "c", RetryAt: time.Now()}))
-	must(t, s.Nack(ctx, storage.NackParams{ID: h, WorkerID: "c", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, x), WorkerID: "c", RetryAt: time.Now()}))
+	must(t, s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, h), WorkerID: "c", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
 	_, _, _, _, err = s.park(ctx, s.q.parkMore, "k", last, h)
 	must(t, err)
 	if hx := holdOf(t, s, x); hx != "" {
@@ -405,8 +405,8 @@ func TestParkMoreParksNothingBelowALease(t *testing.T) {
 	if got := idsOf(claim(t, s, "d", 10, time.Minute)); !slices.Equal(got, ids[:1]) {
 		t.Fatalf("claimed %v once the retry is due, want %d", got, h)
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:1], WorkerID: "d"}))
-	must(t, s.Ack(ctx, storage.AckParams{IDs: append(slices.Clone(ids[1:parkChunk+1]), l), WorkerID: "c"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:1]...), WorkerID: "d"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, append(slices.Clone(ids[1:parkChunk+1]), l)...), WorkerID: "c"}))
 	if got, want := claimTwice(t, s), []int64{x, tail}; !slices.Equal(got, want) {
 		t.Fatalf("claimed %v with nothing of the key in flight, want %v", got, want)
 	}

@@ -68,7 +68,7 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("DecodeError %q does not name the record %d", r.DecodeError, id)
 		}
 		// Park it, as the forwarder would, so the next input starts clean.
-		if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: id, WorkerID: "fuzz", Error: "fuzz"}); err != nil {
+		if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, id), WorkerID: "fuzz", Error: "fuzz"}); err != nil {
 			t.Fatal(err)
 		}
 	})

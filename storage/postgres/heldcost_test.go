@@ -60,12 +60,12 @@ SELECT g::text, 'held', 'h' || (g %% $2), convert_to(repeat('x', 100), 'UTF8') F
 				heads[r.Key] = r.ID
 			}
 		}
-		must(t, s.Release(ctx, storage.ReleaseParams{IDs: rest, WorkerID: "holder", RetryAt: time.Now()}))
+		must(t, s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, rest...), WorkerID: "holder", RetryAt: time.Now()}))
 		if shape == "leased" {
 			break
 		}
 		for _, id := range heads {
-			must(t, s.Nack(ctx, storage.NackParams{ID: id, WorkerID: "holder", Error: "down", RetryAt: time.Now().Add(time.Hour)}))
+			must(t, s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, id), WorkerID: "holder", Error: "down", RetryAt: time.Now().Add(time.Hour)}))
 		}
 	}
 	_, err = s.pool.Exec(ctx, "VACUUM ANALYZE "+s.table)
@@ -109,7 +109,7 @@ func claimCost(t testing.TB, s *Storage) (first, median time.Duration) {
 				t.Fatalf("claimed held row %+v", g)
 			}
 		}
-		must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: "w"}))
+		must(t, s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "w"}))
 		if !settled {
 			first += d
 			if settled = r > 0 && parked() == before; settled {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -270,4 +271,27 @@ func pgxpoolWithConfig(t testing.TB, cfg *pgxpool.Config) (*pgxpool.Pool, error)
 	}
 	t.Cleanup(p.Close)
 	return p, nil
+}
+
+// liveRefs names records as their live claims returned them (the attempts
+// stored with their lease), for write-backs of the worker holding them.
+func liveRefs(t testing.TB, s *Storage, ids ...int64) []storage.ClaimRef {
+	t.Helper()
+	refs := make([]storage.ClaimRef, len(ids))
+	for i, id := range ids {
+		refs[i] = liveRef(t, s, id)
+	}
+	return refs
+}
+
+// liveRef is liveRefs for one record: attempts 0 (no claim's) when it has
+// no lease. Safe from any goroutine: a failure is reported with Errorf.
+func liveRef(t testing.TB, s *Storage, id int64) storage.ClaimRef {
+	t.Helper()
+	var attempts int32
+	err := s.pool.QueryRow(context.Background(), "SELECT attempts FROM "+s.leases+" WHERE id = $1", id).Scan(&attempts)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Errorf("read the lease of record %d: %v", id, err)
+	}
+	return storage.ClaimRef{ID: id, Attempt: int(attempts)}
 }

@@ -94,12 +94,12 @@ func TestClaimIsLeanWhileNothingIsHeld(t *testing.T) {
 	ids := insert(t, s, recs("a", "b", "c", "d")...)
 	claimedWith(t, s, tr, 1, "full", ids[0]) // nothing known yet
 	claimedWith(t, s, tr, 1, "lean", ids[1])
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "w"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:2]...), WorkerID: "w"}))
 	claimedWith(t, s, tr, 1, "lean", ids[2])
-	must(t, s.Release(ctx, storage.ReleaseParams{IDs: ids[2:3], WorkerID: "w", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, ids[2:3]...), WorkerID: "w", RetryAt: time.Now().Add(time.Hour)}))
 	claimedWith(t, s, tr, 1, "full", ids[3]) // after this storage's release
 	claimedWith(t, s, tr, 1, "full")         // ids[2] waits for its retry
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[3:], WorkerID: "w"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[3:]...), WorkerID: "w"}))
 	_, err := s.pool.Exec(ctx, "UPDATE "+s.table+" SET due_at = now(), hold = NULL WHERE id = $1", ids[2])
 	must(t, err)
 	claimedWith(t, s, tr, 1, "full", ids[2]) // the wake before saw the retry
@@ -119,12 +119,12 @@ func TestStaleLeanClaimKeepsOrder(t *testing.T) {
 	s, tr := tracedStore(t, base)
 	ids := insert(t, s, recs("k", "k", "k", "k")...)
 	claimedWith(t, s, tr, 1, "full", ids[0])
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:1], WorkerID: "w"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:1]...), WorkerID: "w"}))
 	claimedWith(t, s, tr, 1, "lean", ids[1])
 	// Another storage on the table nacks it: its hint, not this one's,
 	// learns that rows are held now. Its parking leaves out ids[3], as if
 	// another transaction had held it (see TestNackParkingSkipsLockedRows).
-	must(t, base.Nack(ctx, storage.NackParams{ID: ids[1], WorkerID: "w", Error: "down", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, base.Nack(ctx, storage.NackParams{Record: liveRef(t, base, ids[1]), WorkerID: "w", Error: "down", RetryAt: time.Now().Add(time.Hour)}))
 	_, err := s.pool.Exec(ctx, "UPDATE "+s.table+" SET hold = NULL WHERE id = $1", ids[3])
 	must(t, err)
 	claimedWith(t, s, tr, 10, "lean") // the key's head waits for its retry

@@ -261,7 +261,7 @@ UPDATE %s o SET attempts = l.attempts, last_error = 'later', due_at = clock_time
 			// Drain: b1's lease is live (held by "old", an hour), so only
 			// after it is acked does key b go on. Every record comes out
 			// once, each key in id order.
-			must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{b1}, WorkerID: "old"}))
+			must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, b1), WorkerID: "old"}))
 			var order []storage.Record
 			deadline := time.Now().Add(10 * time.Second)
 			for len(order) < len(more)+1 && time.Now().Before(deadline) {
@@ -272,7 +272,7 @@ UPDATE %s o SET attempts = l.attempts, last_error = 'later', due_at = clock_time
 					gotIDs = append(gotIDs, r.ID)
 				}
 				if len(gotIDs) > 0 {
-					must(t, s.Ack(ctx, storage.AckParams{IDs: gotIDs, WorkerID: "new"}))
+					must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, gotIDs...), WorkerID: "new"}))
 				} else {
 					time.Sleep(20 * time.Millisecond)
 				}

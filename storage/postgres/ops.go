@@ -249,16 +249,18 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	}
 	// Every write-back deletes the worker's lease and updates the outbox row
 	// in one statement: the lease is the fence (a lease taken over by another
-	// worker has another leased_by, so the write-back matches nothing), and
-	// its attempts, which count claims whose lease ran out, go to the row.
-	fenced := func(ids string, returning string, locked bool) string {
+	// worker has another leased_by, and one this worker claimed again since
+	// has other attempts, so the write-back matches nothing; see
+	// storage.ClaimRef), and its attempts, which count claims whose lease ran
+	// out, go to the row. claim is the condition on the lease's attempts.
+	fenced := func(ids, claim string, returning string, locked bool) string {
 		if strict && locked {
 			// An ack, and a dead-letter that sets free, lock their leases
 			// in id order in a statement of their own before this one (see
 			// lockLeases): they are its rows already, and the DELETE waits
 			// for none.
-			return fmt.Sprintf(`WITH l AS (DELETE FROM %[1]s x WHERE x.id %[2]s AND x.leased_by = $2 RETURNING %[3]s)
-`, leases, ids, returning)
+			return fmt.Sprintf(`WITH l AS (DELETE FROM %[1]s x WHERE x.id %[2]s AND x.leased_by = $2 AND %[4]s RETURNING %[3]s)
+`, leases, ids, returning, claim)
 		}
 		if strict {
 			// Strict claims hand out rows without locking them (the
@@ -301,9 +303,9 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 			// Nack and release also take the advisory lock (writeBack); an
 			// ack and a dead-letter do not need it (a delivered or dead row
 			// holds nothing back).
-			return fmt.Sprintf(`WITH k AS MATERIALIZED (SELECT x.id FROM %[1]s x WHERE x.id %[2]s AND x.leased_by = $2 ORDER BY x.id FOR UPDATE),
+			return fmt.Sprintf(`WITH k AS MATERIALIZED (SELECT x.id FROM %[1]s x WHERE x.id %[2]s AND x.leased_by = $2 AND %[4]s ORDER BY x.id FOR UPDATE),
 l AS (DELETE FROM %[1]s x WHERE x.id = ANY(ARRAY(SELECT k.id FROM k)) AND x.leased_by = $2 RETURNING %[3]s)
-`, leases, ids, returning)
+`, leases, ids, returning, claim)
 		}
 		// Claims without strict ordering run side by side and lock their
 		// outbox rows (FOR UPDATE SKIP LOCKED) before leasing them, so a
@@ -314,8 +316,15 @@ l AS (DELETE FROM %[1]s x WHERE x.id = ANY(ARRAY(SELECT k.id FROM k)) AND x.leas
 		// meanwhile, so a takeover committed while the write-back waited
 		// fences it out.
 		return fmt.Sprintf(`WITH m AS (SELECT id FROM %s WHERE id %s AND status = 'pending' ORDER BY id FOR UPDATE),
-l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 RETURNING %s)
-`, t, ids, leases, returning)
+l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 AND %s RETURNING %s)
+`, t, ids, leases, claim, returning)
+	}
+	// claimOf and claimsOf fence a write-back on the attempts its claims
+	// returned: parameter $n holds the attempts of the record $1, or of
+	// each record of $1, in the same order.
+	claimOf := func(n int) string { return fmt.Sprintf("x.attempts = $%d", n) }
+	claimsOf := func(n int) string {
+		return fmt.Sprintf("(x.id, x.attempts) IN (SELECT * FROM unnest($1::bigint[], $%d::integer[]))", n)
 	}
 	// An ack deletes the outbox row and records the delivery in the narrow
 	// delivered table: an UPDATE to status 'delivered' wrote a new version of
@@ -325,15 +334,15 @@ l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 RETURNING 
 	// claim and ack of 1000 rows took, against about 6 now (BenchmarkClaimAck).
 	// The delivered table keeps what Stats, Purge and an audit need, without
 	// the payload; the outbox table holds only pending and dead rows.
-	ack := fenced("= ANY($1)", "x.id, x.attempts", false) + fmt.Sprintf(`, d AS (
+	ack := fenced("= ANY($1)", claimsOf(3), "x.id, x.attempts", false) + fmt.Sprintf(`, d AS (
     DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error)
 INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
 SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d`, t, delivered)
 	if deleteOnAck {
-		ack = fenced("= ANY($1)", "x.id", false) + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
+		ack = fenced("= ANY($1)", claimsOf(3), "x.id", false) + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	}
-	deadLetter := fenced("= $1", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
+	deadLetter := fenced("= $1", claimOf(4), "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	sweepDead := ""
 	if holdDead {
@@ -343,12 +352,12 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	// A nacked or released row due later waits in the retry index.
 	nackSet := `attempts = l.attempts, last_error = $3, due_at = $4,
     hold = CASE WHEN $4::timestamptz > clock_timestamp() THEN 'retry' END`
-	nack := fenced("= $1", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s
+	nack := fenced("= $1", claimOf(5), "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, nackSet)
 	parkMore := "" // strict ordering only
 	releaseSet := `attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
     hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry'`
-	release := fenced("= ANY($1)", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s END
+	release := fenced("= ANY($1)", claimsOf(4), "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s END
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
 	if strict {
 		// A nack that holds its key (a retry later, or a failure that
@@ -390,7 +399,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
         FOR UPDATE SKIP LOCKED)))
 SELECT (SELECT count(*) FROM x WHERE x.hold IS NULL), (SELECT COALESCE(max(x.id), 0) FROM x), %[2]s, (SELECT COALESCE(min(x.key), '') FROM x)`, t, from)
 		}
-		nack = fenced("= $1", "x.id, x.attempts", false) + fmt.Sprintf(`, n AS (
+		nack = fenced("= $1", claimOf(5), "x.id, x.attempts", false) + fmt.Sprintf(`, n AS (
     UPDATE %[1]s o SET %[5]s
     FROM l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.key, o.hold),
@@ -413,12 +422,12 @@ x AS (
 %[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"), afterLastLease("$2::bigint", "$1"))
 		// Released rows behind a held record are parked at once, unless a
 		// later record of their key is still leased (see held).
-		release = fenced("= ANY($1)", "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s
+		release = fenced("= ANY($1)", claimsOf(4), "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s
         AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id > o.id AND y.key = o.key AND y.id NOT IN (SELECT l.id FROM l)) THEN 'behind' END
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet, held("o", true), leases)
 		// A delivered record sets free the rows parked behind it, and so
 		// does a dead one unless dead records hold their key.
-		ack = fenced("= ANY($1)", "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
+		ack = fenced("= ANY($1)", claimsOf(3), "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
     DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error),
 i AS (
@@ -427,12 +436,12 @@ i AS (
 %s
 %s`, t, delivered, unparkLock, unparkSet)
 		if deleteOnAck {
-			ack = fenced("= ANY($1)", "x.id", true) + fmt.Sprintf(`, d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key),
+			ack = fenced("= ANY($1)", claimsOf(3), "x.id", true) + fmt.Sprintf(`, d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key),
 %s
 %s`, t, unparkLock, unparkSet)
 		}
 		if !holdDead {
-			deadLetter = fenced("= $1", "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
+			deadLetter = fenced("= $1", claimOf(4), "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
     UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
     FROM l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key),
 %s
@@ -1084,6 +1093,7 @@ sl AS MATERIALIZED (
 		extend: fmt.Sprintf(`WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t),%[2]s
 k AS MATERIALIZED (
     SELECT x.id FROM %[1]s x WHERE x.id = ANY(%[3]s) AND x.leased_by = $2 AND x.leased_until > (SELECT t FROM n)
+      AND (x.id, x.attempts) IN (SELECT * FROM unnest($1::bigint[], $4::integer[]))
     ORDER BY x.id FOR UPDATE)
 UPDATE %[1]s x SET leased_until = (SELECT t FROM n) + $3::bigint * interval '1 microsecond'
 WHERE x.id = ANY(ARRAY(SELECT k.id FROM k)) AND x.leased_by = $2 AND x.leased_until > (SELECT t FROM n)
@@ -1228,11 +1238,12 @@ func (s *Storage) sweepDue() bool {
 
 // Ack implements [storage.Storage]: the whole batch in one statement.
 func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
-	if len(p.IDs) == 0 {
+	if len(p.Records) == 0 {
 		return nil
 	}
-	if err := s.setFree(ctx, p.IDs, p.WorkerID, s.q.ack, p.IDs, p.WorkerID); err != nil {
-		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+	ids, attempts := splitRefs(p.Records)
+	if err := s.setFree(ctx, ids, p.WorkerID, s.q.ack, ids, p.WorkerID, attempts); err != nil {
+		return fmt.Errorf("ack %d outbox rows in %s: %w", len(p.Records), s.table, err)
 	}
 	return nil
 }
@@ -1255,8 +1266,8 @@ func (s *Storage) setFree(ctx context.Context, ids []int64, worker, sql string, 
 // Nack implements [storage.Storage].
 func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 	if s.config.DisableStrictOrdering {
-		if err := s.writeBack(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt); err != nil {
-			return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
+		if err := s.writeBack(ctx, s.q.nack, p.Record.ID, p.WorkerID, p.Error, p.RetryAt, p.Record.Attempt); err != nil {
+			return fmt.Errorf("nack outbox row %d in %s: %w", p.Record.ID, s.table, err)
 		}
 		return nil
 	}
@@ -1265,13 +1276,13 @@ func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 	// the claim lock, so that claims go on between them. The nack itself is
 	// the first; the rest is best effort (a claim parks what is left, as it
 	// meets it), and stops when ctx is done.
-	found, last, holds, key, err := s.park(ctx, s.q.nack, p.ID, p.WorkerID, p.Error, p.RetryAt)
+	found, last, holds, key, err := s.park(ctx, s.q.nack, p.Record.ID, p.WorkerID, p.Error, p.RetryAt, p.Record.Attempt)
 	s.nothingHeld.Store(false) // the record and the rows behind it may be held now
 	if err != nil {
-		return fmt.Errorf("nack outbox row %d in %s: %w", p.ID, s.table, err)
+		return fmt.Errorf("nack outbox row %d in %s: %w", p.Record.ID, s.table, err)
 	}
 	for found == parkChunk && holds && ctx.Err() == nil {
-		if found, last, holds, _, err = s.park(ctx, s.q.parkMore, key, last, p.ID); err != nil {
+		if found, last, holds, _, err = s.park(ctx, s.q.parkMore, key, last, p.Record.ID); err != nil {
 			return nil //nolint:nilerr // the nack is done; the claims park the rest
 		}
 	}
@@ -1289,13 +1300,14 @@ func (s *Storage) park(ctx context.Context, sql string, args ...any) (found, las
 
 // Release implements [storage.Storage].
 func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
-	if len(p.IDs) == 0 {
+	if len(p.Records) == 0 {
 		return nil
 	}
-	err := s.writeBack(ctx, s.q.release, p.IDs, p.WorkerID, p.RetryAt)
+	ids, attempts := splitRefs(p.Records)
+	err := s.writeBack(ctx, s.q.release, ids, p.WorkerID, p.RetryAt, attempts)
 	s.nothingHeld.Store(false) // the rows may wait for their retry now
 	if err != nil {
-		return fmt.Errorf("release %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+		return fmt.Errorf("release %d outbox rows in %s: %w", len(p.Records), s.table, err)
 	}
 	return nil
 }
@@ -1310,14 +1322,14 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 	lock := s.config.HoldOnDeadLetter && !s.config.DisableStrictOrdering
 	var err error
 	if lock {
-		err = s.exec(ctx, true, s.q.deadLetter, p.ID, p.WorkerID, p.Error)
+		err = s.exec(ctx, true, s.q.deadLetter, p.Record.ID, p.WorkerID, p.Error, p.Record.Attempt)
 		s.nothingHeld.Store(false) // the dead record holds its key now
 	} else {
 		// It sets free the rows parked behind the record, as an ack does.
-		err = s.setFree(ctx, []int64{p.ID}, p.WorkerID, s.q.deadLetter, p.ID, p.WorkerID, p.Error)
+		err = s.setFree(ctx, []int64{p.Record.ID}, p.WorkerID, s.q.deadLetter, p.Record.ID, p.WorkerID, p.Error, p.Record.Attempt)
 	}
 	if err != nil {
-		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.ID, s.table, err)
+		return fmt.Errorf("dead-letter outbox row %d in %s: %w", p.Record.ID, s.table, err)
 	}
 	return nil
 }
@@ -1327,18 +1339,31 @@ func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, 
 	if p.Lease <= 0 {
 		return nil, fmt.Errorf("extend outbox leases in %s: Lease must be > 0, got %s", s.table, p.Lease)
 	}
-	if len(p.IDs) == 0 {
+	if len(p.Records) == 0 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, s.q.extend, p.IDs, p.WorkerID, p.Lease.Microseconds())
+	ids, attempts := splitRefs(p.Records)
+	rows, err := s.pool.Query(ctx, s.q.extend, ids, p.WorkerID, p.Lease.Microseconds(), attempts)
 	if err != nil {
-		return nil, fmt.Errorf("extend the lease of %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+		return nil, fmt.Errorf("extend the lease of %d outbox rows in %s: %w", len(p.Records), s.table, err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	extended, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fmt.Errorf("extend the lease of %d outbox rows in %s: %w", len(p.IDs), s.table, err)
+		return nil, fmt.Errorf("extend the lease of %d outbox rows in %s: %w", len(p.Records), s.table, err)
 	}
-	return ids, nil
+	return extended, nil
+}
+
+// splitRefs returns the ids of refs and, in the same order, the attempts
+// their claims returned: the two arrays a fenced write-back takes.
+func splitRefs(refs []storage.ClaimRef) (ids []int64, attempts []int) {
+	ids = make([]int64, len(refs))
+	attempts = make([]int, len(refs))
+	for i, r := range refs {
+		ids[i] = r.ID
+		attempts[i] = r.Attempt
+	}
+	return ids, attempts
 }
 
 // writeBack runs a statement that makes leased rows unclaimable until a retry

@@ -37,7 +37,7 @@ func TestNoParkingBehindAFailedRecordInFlight(t *testing.T) {
 	s := newStore(t, Config{HoldOnDeadLetter: true})
 	e := insert(t, s, rec("k"))[0]
 	claim(t, s, "w", 10, time.Minute)
-	must(t, s.Nack(ctx, storage.NackParams{ID: e, WorkerID: "w", Error: "boom", RetryAt: time.Now().Add(-time.Second)}))
+	must(t, s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, e), WorkerID: "w", Error: "boom", RetryAt: time.Now().Add(-time.Second)}))
 	if got := idsOf(claim(t, s, "w", 10, time.Minute)); len(got) != 1 || got[0] != e {
 		t.Fatalf("claimed %v, want the failed record %d again", got, e)
 	}
@@ -48,7 +48,7 @@ func TestNoParkingBehindAFailedRecordInFlight(t *testing.T) {
 	if h := holdOf(t, s, q); h != "" {
 		t.Fatalf("record %d has hold %q behind a failed record in flight, want none", q, h)
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: []int64{e}, WorkerID: "w"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, e), WorkerID: "w"}))
 	if got := idsOf(claim(t, s, "w", 10, time.Minute)); len(got) != 1 || got[0] != q {
 		t.Fatalf("claimed %v after the ack, want %d", got, q)
 	}
@@ -99,7 +99,7 @@ func TestDeadLetterTakesTheClaimLockWithHoldOnDeadLetter(t *testing.T) {
 	must(t, err)
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	err = s.DeadLetter(short, storage.DeadLetterParams{ID: id, WorkerID: "w", Error: "poison"})
+	err = s.DeadLetter(short, storage.DeadLetterParams{Record: liveRef(t, s, id), WorkerID: "w", Error: "poison"})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("DeadLetter while the claim lock is held returned %v, want it to wait for the lock", err)
 	}
@@ -119,7 +119,7 @@ func parkBehindHead(t *testing.T, s *Storage, key string, n int) []int64 {
 		t.Fatalf("claimed %v, want the head %d", got, ids[0])
 	}
 	due := time.Now().Add(300 * time.Millisecond)
-	must(t, s.Nack(t.Context(), storage.NackParams{ID: ids[0], WorkerID: "w", Error: "down", RetryAt: due}))
+	must(t, s.Nack(t.Context(), storage.NackParams{Record: liveRef(t, s, ids[0]), WorkerID: "w", Error: "down", RetryAt: due}))
 	for _, id := range ids[1:] {
 		if h := holdOf(t, s, id); h != "behind" {
 			t.Fatalf("record %d has hold %q after its head's nack, want behind", id, h)
@@ -150,7 +150,7 @@ func TestClaimTakesParkedRowsWithTheirHead(t *testing.T) {
 	if !slices.Equal(got, ids[:100]) {
 		t.Fatalf("claimed %d rows %v..., want the head and the 99 rows parked behind it", len(got), got[:min(len(got), 5)])
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: got, WorkerID: "w"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, got...), WorkerID: "w"}))
 	if n := countHold(t, s, "k", ""); n != 1 {
 		t.Fatalf("%d rows of the key set free by the ack, want 1 (the next; the claim takes the rest with it)", n)
 	}
@@ -163,7 +163,7 @@ func TestClaimTakesParkedRowsWithTheirHead(t *testing.T) {
 		if len(got) == 0 {
 			t.Fatalf("claimed nothing with %d rows of the key left", 150-len(delivered))
 		}
-		must(t, s.Ack(ctx, storage.AckParams{IDs: got, WorkerID: "w"}))
+		must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, got...), WorkerID: "w"}))
 		delivered = append(delivered, got...)
 	}
 	if !slices.Equal(delivered, ids[100:]) {
@@ -190,7 +190,7 @@ func TestNoParkingBehindRowsInFlight(t *testing.T) {
 	if h := holdOf(t, s, late); h != "" {
 		t.Fatalf("record %d has hold %q behind rows in flight, want none", late, h)
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids...), WorkerID: "w"}))
 	if got := idsOf(claim(t, s, "w", 10, time.Minute)); !slices.Equal(got, []int64{late}) {
 		t.Fatalf("claimed %v after the ack, want %d", got, late)
 	}
@@ -286,7 +286,7 @@ func TestReleaseRacingAnAckStrandsNothing(t *testing.T) {
 	ackIn(t, tx, s, ids[:2], "w")
 	done := make(chan error, 1)
 	go func() {
-		done <- s.Release(ctx, storage.ReleaseParams{IDs: ids[2:], WorkerID: "w", RetryAt: time.Now()})
+		done <- s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, ids[2:]...), WorkerID: "w", RetryAt: time.Now()})
 	}()
 	awaitLockWait(t, s) // the release waits for the row the ack set free
 	must(t, tx.Commit(ctx))
@@ -323,7 +323,7 @@ SELECT g, 'k', 'w', clock_timestamp() + interval '1 hour', 1 FROM generate_serie
 	setUntil(time.Now().Add(time.Hour))
 	u := time.Since(start) // how long setting the leases takes
 	start = time.Now()
-	got, err := s.Extend(ctx, storage.ExtendParams{IDs: ids, WorkerID: "w", Lease: time.Hour})
+	got, err := s.Extend(ctx, storage.ExtendParams{Records: liveRefs(t, s, ids...), WorkerID: "w", Lease: time.Hour})
 	must(t, err)
 	d := time.Since(start) // how long an Extend of them takes
 	if len(got) != n {
@@ -332,7 +332,7 @@ SELECT g, 'k', 'w', clock_timestamp() + interval '1 hour', 1 FROM generate_serie
 	// The leases run out at instants spread over the next Extend's run.
 	for i := range 12 {
 		setUntil(time.Now().Add(u + d*time.Duration(i)/8))
-		got, err := s.Extend(ctx, storage.ExtendParams{IDs: ids, WorkerID: "w", Lease: time.Hour})
+		got, err := s.Extend(ctx, storage.ExtendParams{Records: liveRefs(t, s, ids...), WorkerID: "w", Lease: time.Hour})
 		must(t, err)
 		if len(got) != 0 && len(got) != n {
 			t.Fatalf("try %d: extended %d of %d leases that ran out together, want all or none", i, len(got), n)
@@ -795,7 +795,7 @@ func TestSweepLocksNothingWhileTheTakeoverWaits(t *testing.T) {
 	must(t, err)
 	x, xpid := lockRow(t, s, s.leases, m)
 	ackDone := make(chan error, 1)
-	go func() { ackDone <- s.Ack(ctx, storage.AckParams{IDs: []int64{l, m, p}, WorkerID: "w"}) }()
+	go func() { ackDone <- s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, l, m, p), WorkerID: "w"}) }()
 	var ackPID int32
 	waitFor(t, 30*time.Second, "the ack to wait for lease m", func() bool {
 		err := s.pool.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", xpid).Scan(&ackPID)
@@ -900,7 +900,7 @@ func TestUnparkSkipsLockedRows(t *testing.T) {
 	must(t, err)
 	x, xpid := lockRow(t, s, s.table, f1)
 	must(t, notWaitingFor(t, s, xpid, "the ack's unpark waits for a parked row another transaction holds", func(ctx context.Context) error {
-		return s.Ack(ctx, storage.AckParams{IDs: []int64{h}, WorkerID: "w"})
+		return s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, h), WorkerID: "w"})
 	}))
 	if hd := holdOf(t, s, f1); hd != "behind" {
 		t.Errorf("f1's hold is %q: the unpark changed a row another transaction held", hd)
@@ -930,7 +930,7 @@ func TestNackParkingSkipsLockedRows(t *testing.T) {
 	}
 	x, xpid := lockRow(t, s, s.table, r1)
 	must(t, notWaitingFor(t, s, xpid, "the nack's parking waits for a row another transaction holds", func(ctx context.Context) error {
-		return s.Nack(ctx, storage.NackParams{ID: h, WorkerID: "w", Error: "boom", RetryAt: time.Now().Add(time.Hour)})
+		return s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, h), WorkerID: "w", Error: "boom", RetryAt: time.Now().Add(time.Hour)})
 	}))
 	if hd := holdOf(t, s, r1); hd != "" {
 		t.Errorf("r1's hold is %q: the nack changed a row another transaction held", hd)
@@ -975,10 +975,10 @@ INSERT INTO %[1]s (id, key, leased_by, leased_until, attempts) SELECT id, key, l
 	blocker, _ := lockRow(t, s, s.table, rm)
 	nackDone := make(chan error, 1)
 	go func() {
-		nackDone <- s.Nack(ctx, storage.NackParams{ID: n, WorkerID: "y", Error: "boom", RetryAt: time.Now().Add(time.Hour)})
+		nackDone <- s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, n), WorkerID: "y", Error: "boom", RetryAt: time.Now().Add(time.Hour)})
 	}()
 	ackDone := make(chan error, 1)
-	go func() { ackDone <- s.Ack(ctx, storage.AckParams{IDs: []int64{n, r1, r2}, WorkerID: "w"}) }()
+	go func() { ackDone <- s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, n, r1, r2), WorkerID: "w"}) }()
 	// Both finish, or (before the fix) both wait: the nack for rm, the ack
 	// for r1.
 	waitFor(t, 30*time.Second, "the nack and the late ack to finish or wait", func() bool {

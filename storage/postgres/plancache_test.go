@@ -38,7 +38,7 @@ func TestClaimPlansOnce(t *testing.T) {
 	// after the one that sees it held is the full claim.
 	insert(t, s, rec("held"), rec("held"))
 	head := claim(t, s, "w", 1, time.Minute)
-	must(t, s.Nack(ctx, storage.NackParams{ID: head[0].ID, WorkerID: "w", Error: "down", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.Nack(ctx, storage.NackParams{Record: head[0].Ref(), WorkerID: "w", Error: "down", RetryAt: time.Now().Add(time.Hour)}))
 	const claims = 12
 	for i := range claims {
 		insert(t, s, rec(fmt.Sprintf("a%d", i)), rec(fmt.Sprintf("b%d", i)))
@@ -46,7 +46,7 @@ func TestClaimPlansOnce(t *testing.T) {
 		if len(got) != 2 {
 			t.Fatalf("claim %d: got %d records, want the 2 fresh ones", i, len(got))
 		}
-		must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: "w"}))
+		must(t, s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "w"}))
 	}
 	if s.nothingHeld.Load() {
 		t.Fatal("the last claim was the lean one: nothing held, so the full claim was not exercised")

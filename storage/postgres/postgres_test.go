@@ -221,29 +221,29 @@ func TestLeaseExpiryAndFencing(t *testing.T) {
 		t.Fatalf("retaken %v (attempts %d), want %v with attempts 2", idsOf(retaken), retaken[0].Attempts, ids[:2])
 	}
 	// w1 lost rows 0 and 1 to w2: all its write-backs on them are ignored.
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "w1"}))
-	must(t, s.Nack(ctx, storage.NackParams{ID: ids[0], WorkerID: "w1", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
-	must(t, s.Release(ctx, storage.ReleaseParams{IDs: ids[:2], WorkerID: "w1", RetryAt: time.Now().Add(time.Hour)}))
-	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[1], WorkerID: "w1", Error: "x"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:2]...), WorkerID: "w1"}))
+	must(t, s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, ids[0]), WorkerID: "w1", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, ids[:2]...), WorkerID: "w1", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[1]), WorkerID: "w1", Error: "x"}))
 	for _, id := range ids[:2] {
 		if st := inspect(t, s, id); st.Status != storage.StatusPending || st.LeasedBy != "w2" || st.Attempts != 2 || st.LastError != "" {
 			t.Fatalf("row %d touched by a fenced write-back: %+v", id, st)
 		}
 	}
 	// Rows 2 and 3: lease expired but not retaken, still w1's.
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[2:], WorkerID: "w1"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[2:]...), WorkerID: "w1"}))
 	if st := inspect(t, s, ids[2]); st.Status != storage.StatusDelivered {
 		t.Fatalf("ack of an expired but not retaken lease: %+v", st)
 	}
 	// Whole batch in one statement, unknown ids ignored.
-	must(t, s.Ack(ctx, storage.AckParams{IDs: append(idsOf(retaken), 999999), WorkerID: "w2"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, append(idsOf(retaken), 999999)...), WorkerID: "w2"}))
 	for _, id := range ids[:2] {
 		if st := inspect(t, s, id); st.Status != storage.StatusDelivered || st.LeasedBy != "" {
 			t.Fatalf("row %d after ack: %+v", id, st)
 		}
 	}
 	// An ack after delivery changes nothing; empty batches are no-ops.
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w2"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids...), WorkerID: "w2"}))
 	must(t, s.Ack(ctx, storage.AckParams{WorkerID: "w2"}))
 	must(t, s.Release(ctx, storage.ReleaseParams{WorkerID: "w2"}))
 }
@@ -258,9 +258,9 @@ func TestNackReleaseDeadLetter(t *testing.T) {
 			ids := insert(t, s, recs("", "", "")...)
 			claim(t, s, "w", 10, time.Minute)
 			retryAt := time.Now().Add(time.Hour).Truncate(time.Microsecond)
-			must(t, s.Nack(ctx, storage.NackParams{ID: ids[0], WorkerID: "w", Error: "broker down", RetryAt: retryAt}))
-			must(t, s.Release(ctx, storage.ReleaseParams{IDs: ids[1:2], WorkerID: "w", RetryAt: time.Now()}))
-			must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[2], WorkerID: "w", Error: "poison"}))
+			must(t, s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, ids[0]), WorkerID: "w", Error: "broker down", RetryAt: retryAt}))
+			must(t, s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, ids[1:2]...), WorkerID: "w", RetryAt: time.Now()}))
+			must(t, s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[2]), WorkerID: "w", Error: "poison"}))
 
 			if st := inspect(t, s, ids[0]); st.LastError != "broker down" || st.Attempts != 1 || st.LeasedBy != "" || !st.DueAt.Equal(retryAt) {
 				t.Fatalf("after nack: %+v (want due %v)", st, retryAt)
@@ -295,7 +295,7 @@ func TestStrictOrdering(t *testing.T) {
 		t.Fatalf("claim with a1 leased = %v, want %v", idsOf(got), want)
 	}
 	// a1 nacked into the future: a2, a3 stay held back.
-	must(t, s.Nack(ctx, storage.NackParams{ID: ids[0], WorkerID: "w1", Error: "e", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, ids[0]), WorkerID: "w1", Error: "e", RetryAt: time.Now().Add(time.Hour)}))
 	if got := claim(t, s, "w2", 10, time.Minute); len(got) != 0 {
 		t.Fatalf("claim with a1 not due = %v, want nothing", idsOf(got))
 	}
@@ -309,7 +309,7 @@ func TestStrictOrdering(t *testing.T) {
 	if !claimedA1 {
 		t.Fatal("a1 not claimable once due again")
 	}
-	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[0], WorkerID: "w1", Error: "poison"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[0]), WorkerID: "w1", Error: "poison"}))
 	got = claim(t, s, "w2", 10, time.Minute)
 	if want := []int64{ids[1], ids[4]}; !slices.Equal(idsOf(got), want) {
 		t.Fatalf("claim after a1 dead = %v, want %v", idsOf(got), want)
@@ -395,7 +395,7 @@ func TestStrictOrderingUnderConcurrentClaims(t *testing.T) {
 					}
 				}
 				mu.Unlock()
-				if err := s.Ack(t.Context(), storage.AckParams{IDs: idsOf(got), WorkerID: worker}); err != nil {
+				if err := s.Ack(t.Context(), storage.AckParams{Records: storage.Refs(got), WorkerID: worker}); err != nil {
 					fail(err)
 					return
 				}
@@ -575,7 +575,7 @@ func TestRedriveByIDsLocksOnlyDeadRowsAndWaitsForThem(t *testing.T) {
 	ctx := t.Context()
 	ids := insert(t, s, recs("a", "b")...)
 	claim(t, s, "w", 2, time.Minute)
-	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[0], WorkerID: "w", Error: "x"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[0]), WorkerID: "w", Error: "x"}))
 	q, args := s.redriveStatement(storage.RedriveParams{IDs: ids}) // ids[1] is in flight
 
 	// The Redrive's locks, held by an open transaction: ids[1]'s ack goes
@@ -590,7 +590,7 @@ func TestRedriveByIDsLocksOnlyDeadRowsAndWaitsForThem(t *testing.T) {
 	}
 	ackCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	must(t, s.Ack(ackCtx, storage.AckParams{IDs: ids[1:], WorkerID: "w"}))
+	must(t, s.Ack(ackCtx, storage.AckParams{Records: liveRefs(t, s, ids[1:]...), WorkerID: "w"}))
 	must(t, tx.Rollback(ctx))
 
 	// Another transaction holds the dead row: the Redrive waits, and re-drives
@@ -634,10 +634,10 @@ func TestStatsPurgeRedrive(t *testing.T) {
 	in[4].Topic, in[5].Topic = "other", "other"
 	ids := insert(t, s, in...)
 	claim(t, s, "w", 6, time.Minute)
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "w"}))
-	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[3], WorkerID: "w", Error: "x"}))
-	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[4], WorkerID: "w", Error: "x"}))
-	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[5], WorkerID: "w", Error: "x"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:2]...), WorkerID: "w"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[3]), WorkerID: "w", Error: "x"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[4]), WorkerID: "w", Error: "x"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[5]), WorkerID: "w", Error: "x"}))
 	_, err = s.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET created_at = now() - interval '1 hour' WHERE id = $1", s.table), ids[2])
 	must(t, err)
 	st, err = s.Stats(ctx)
@@ -732,19 +732,19 @@ func TestAckMovesRecordToDeliveredTable(t *testing.T) {
 			in := recs("k", "")
 			ids := insert(t, s, in...)
 			got := claim(t, s, "w", 10, time.Minute)
-			must(t, s.Nack(ctx, storage.NackParams{ID: got[0].ID, WorkerID: "w", Error: "broker down", RetryAt: time.Now()}))
-			must(t, s.Release(ctx, storage.ReleaseParams{IDs: []int64{got[1].ID}, WorkerID: "w", RetryAt: time.Now()}))
+			must(t, s.Nack(ctx, storage.NackParams{Record: got[0].Ref(), WorkerID: "w", Error: "broker down", RetryAt: time.Now()}))
+			must(t, s.Release(ctx, storage.ReleaseParams{Records: []storage.ClaimRef{got[1].Ref()}, WorkerID: "w", RetryAt: time.Now()}))
 			waitFor(t, 5*time.Second, "both rows claimable again", func() bool {
 				return len(claim(t, s, "w", 10, time.Minute)) == 2
 			})
-			must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "intruder"}))
+			must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids...), WorkerID: "intruder"}))
 			var n int
 			must(t, s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.delivered).Scan(&n))
 			if n != 0 {
 				t.Fatalf("a fenced ack moved %d rows to the delivered table", n)
 			}
 			before := time.Now()
-			must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+			must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids...), WorkerID: "w"}))
 			must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT (SELECT count(*) FROM %s) + (SELECT count(*) FROM %s)", s.table, s.leases)).Scan(&n))
 			if n != 0 {
 				t.Fatalf("%d outbox or lease rows left after the ack", n)
@@ -808,7 +808,7 @@ SELECT g::text, 't', 'k' || (g %% 100), 'delivered', now() FROM generate_series(
 	// With a record waiting for its retry, the check whether an earlier
 	// record of a key is held reads the held index, one probe a candidate.
 	got := claim(t, s, "w", 1, time.Minute)
-	must(t, s.Nack(ctx, storage.NackParams{ID: got[0].ID, WorkerID: "w", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
+	must(t, s.Nack(ctx, storage.NackParams{Record: got[0].Ref(), WorkerID: "w", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
 	for _, c := range []string{s.q.claim, s.q.leanClaim} {
 		if plan := explainClaimAs(t, s, c, 1000, "EXPLAIN "); !strings.Contains(plan, "outbox_held_idx") {
 			t.Fatalf("strict check does not use the held index:\n%s", plan)
@@ -849,7 +849,7 @@ SELECT g::text, 't', 'k' || (g %% 1000), convert_to(repeat('x', 256), 'UTF8') FR
 			must(t, err)
 			for range 8 {
 				got := claim(t, s, "w", 1000, time.Minute)
-				must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: "w"}))
+				must(t, s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "w"}))
 			}
 			for _, c := range claims {
 				plan := explainClaimAs(t, s, c, 1000, "EXPLAIN (ANALYZE, BUFFERS) ")
@@ -969,15 +969,15 @@ func TestTakeoverRacesWriteBack(t *testing.T) {
 						retry := time.Now().Add(time.Hour)
 						switch op {
 						case "ack":
-							wbErr = s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "owner"})
+							wbErr = s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "owner"})
 						case "release":
-							wbErr = s.Release(ctx, storage.ReleaseParams{IDs: ids, WorkerID: "owner", RetryAt: retry})
+							wbErr = s.Release(ctx, storage.ReleaseParams{Records: storage.Refs(got), WorkerID: "owner", RetryAt: retry})
 						default:
-							for _, id := range ids {
+							for i := range got {
 								if op == "nack" {
-									wbErr = errors.Join(wbErr, s.Nack(ctx, storage.NackParams{ID: id, WorkerID: "owner", Error: "e", RetryAt: retry}))
+									wbErr = errors.Join(wbErr, s.Nack(ctx, storage.NackParams{Record: got[i].Ref(), WorkerID: "owner", Error: "e", RetryAt: retry}))
 								} else {
-									wbErr = errors.Join(wbErr, s.DeadLetter(ctx, storage.DeadLetterParams{ID: id, WorkerID: "owner", Error: "e"}))
+									wbErr = errors.Join(wbErr, s.DeadLetter(ctx, storage.DeadLetterParams{Record: got[i].Ref(), WorkerID: "owner", Error: "e"}))
 								}
 							}
 						}
@@ -1003,7 +1003,7 @@ func TestTakeoverRacesWriteBack(t *testing.T) {
 						}
 					}
 					// Clean up for the next round: the thief's rows are acked.
-					must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(taken), WorkerID: "thief"}))
+					must(t, s.Ack(ctx, storage.AckParams{Records: storage.Refs(taken), WorkerID: "thief"}))
 					_, err := s.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET status = 'delivered' WHERE status = 'pending'", s.table))
 					must(t, err)
 				}
@@ -1063,7 +1063,7 @@ func TestSlotsShareKeysAmongWorkers(t *testing.T) {
 	if len(alone) != 100 || alone[0].ID != 1 {
 		t.Fatalf("lone worker claimed %d rows from id %d, want the first 100", len(alone), alone[0].ID)
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(alone), WorkerID: "w-a"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: storage.Refs(alone), WorkerID: "w-a"}))
 	// w-b registers with one claim; from then on w-a (first by id) owns the
 	// lower half of the slots and w-b the upper half.
 	b := claim(t, s, "w-b", 100, time.Minute)
@@ -1088,7 +1088,7 @@ func TestSlotsShareKeysAmongWorkers(t *testing.T) {
 		id   string
 		recs []storage.Record
 	}{{"w-b", b}, {"w-a", a}, {"w-b", b2}} {
-		must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(w.recs), WorkerID: w.id}))
+		must(t, s.Ack(ctx, storage.AckParams{Records: storage.Refs(w.recs), WorkerID: w.id}))
 	}
 	// The slot range is checked in the pending index, not row by row.
 	tx, err := s.pool.Begin(ctx)
@@ -1111,21 +1111,21 @@ func TestSlotsShareKeysAmongWorkers(t *testing.T) {
 	if sl := slotsOf(t, s, all); inRange(sl, 0, slotCount/2-1) {
 		t.Fatalf("after w-b left, w-a still claimed only its half: %v", sl)
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(all), WorkerID: "w-a"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: storage.Refs(all), WorkerID: "w-a"}))
 
 	// w-c registers, then stops claiming (no Leave, no lease: it crashed
 	// between rounds). Once w-a's own slots run dry, it takes w-c's rows
 	// from the head of the backlog; once w-c's registration expires, w-a
 	// owns everything again.
 	c := claim(t, s, "w-c", 1, time.Minute)
-	must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(c), WorkerID: "w-c"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: storage.Refs(c), WorkerID: "w-c"}))
 	var left int
 	for {
 		got := claim(t, s, "w-a", 100, time.Minute)
 		if len(got) == 0 {
 			break
 		}
-		must(t, s.Ack(ctx, storage.AckParams{IDs: idsOf(got), WorkerID: "w-a"}))
+		must(t, s.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "w-a"}))
 	}
 	must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE status = 'pending'", s.table)).Scan(&left))
 	if left != 0 {
@@ -1195,17 +1195,17 @@ func TestLeaseLocksInIDOrder(t *testing.T) {
 			return err
 		}},
 		{"extend", false, func(ctx context.Context, s *Storage, ids []int64) error {
-			got, err := s.Extend(ctx, storage.ExtendParams{IDs: ids, WorkerID: "w", Lease: time.Hour})
+			got, err := s.Extend(ctx, storage.ExtendParams{Records: liveRefs(t, s, ids...), WorkerID: "w", Lease: time.Hour})
 			if err == nil && len(got) != n {
 				err = fmt.Errorf("extended %d leases, want %d", len(got), n)
 			}
 			return err
 		}},
 		{"ack", false, func(ctx context.Context, s *Storage, ids []int64) error {
-			return leasesGone(ctx, s, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+			return leasesGone(ctx, s, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids...), WorkerID: "w"}))
 		}},
 		{"release", false, func(ctx context.Context, s *Storage, ids []int64) error {
-			return leasesGone(ctx, s, s.Release(ctx, storage.ReleaseParams{IDs: ids, WorkerID: "w", RetryAt: time.Now()}))
+			return leasesGone(ctx, s, s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, ids...), WorkerID: "w", RetryAt: time.Now()}))
 		}},
 	} {
 		for _, mode := range []struct {
@@ -1314,7 +1314,7 @@ func TestExtendLocksOutboxRowsFirstWithoutStrictOrdering(t *testing.T) {
 	blocker, pid := lockRow(t, s, s.table, ids[n/2])
 	done := make(chan []int64, 1)
 	go func() {
-		got, err := s.Extend(ctx, storage.ExtendParams{IDs: ids, WorkerID: "w", Lease: time.Hour})
+		got, err := s.Extend(ctx, storage.ExtendParams{Records: liveRefs(t, s, ids...), WorkerID: "w", Lease: time.Hour})
 		if err != nil {
 			t.Errorf("extend: %v", err)
 		}
@@ -1587,7 +1587,7 @@ func TestClaimCommitsWithoutWaitingForTheFlush(t *testing.T) {
 			if fastest >= 100*time.Millisecond {
 				t.Errorf("the fastest of %d claims took %v: each waited for the delayed WAL flush", n, fastest)
 			}
-			must(t, s2.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+			must(t, s2.Ack(ctx, storage.AckParams{Records: liveRefs(t, s2, ids...), WorkerID: "w"}))
 		})
 	}
 }
@@ -1611,7 +1611,7 @@ func TestClaimReadsLeasesOnceInIdOrder(t *testing.T) {
 		claim(t, s, "slow", 1, time.Hour) // the record in flight
 		for range 45 {
 			ids := idsOf(claim(t, s, "w", 1000, time.Minute))
-			must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+			must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids...), WorkerID: "w"}))
 		}
 		claims := []string{s.q.claim}
 		if s.q.leanClaim != "" {
@@ -1661,12 +1661,12 @@ func TestClaimReportsDrained(t *testing.T) {
 			if cfg.DisableStrictOrdering {
 				return
 			}
-			must(t, s.Ack(ctx, storage.AckParams{IDs: ids, WorkerID: "w"}))
+			must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids...), WorkerID: "w"}))
 			held := parkBehindHead(t, s, "k", 2)
 			if got := idsOf(claim(t, s, "w", 1, time.Minute)); !slices.Equal(got, held[:1]) {
 				t.Fatalf("claimed %v, want the head %d again", got, held[0])
 			}
-			must(t, s.Nack(ctx, storage.NackParams{ID: held[0], WorkerID: "w", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
+			must(t, s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, held[0]), WorkerID: "w", Error: "x", RetryAt: time.Now().Add(time.Hour)}))
 			other := insert(t, s, rec("o"))
 			if got, drained := claimDrained(t, s, "w", 10); !slices.Equal(got, other) || drained {
 				t.Fatalf("claimed %v (drained %v) while %d waits for its retry, want %v, not drained", got, drained, held[0], other)

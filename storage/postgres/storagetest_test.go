@@ -109,9 +109,9 @@ func TestDeleteOnAck(t *testing.T) {
 	if len(got) != 4 {
 		t.Fatalf("claimed %v, want all 4", idsOf(got))
 	}
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "other"}))
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[:2], WorkerID: "w"}))
-	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[2], WorkerID: "w", Error: "boom"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:2]...), WorkerID: "other"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[:2]...), WorkerID: "w"}))
+	must(t, s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[2]), WorkerID: "w", Error: "boom"}))
 	count := func(id int64) int {
 		var n int
 		must(t, s.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE id = $1", s.table), id).Scan(&n))
@@ -127,7 +127,7 @@ func TestDeleteOnAck(t *testing.T) {
 		t.Errorf("unacked row: %+v, want pending and leased by w", st)
 	}
 	// A stale worker's ack is fenced out: the row stays.
-	must(t, s.Ack(ctx, storage.AckParams{IDs: ids[3:], WorkerID: "other"}))
+	must(t, s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[3:]...), WorkerID: "other"}))
 	if count(ids[3]) != 1 {
 		t.Error("ack by another worker deleted the row")
 	}

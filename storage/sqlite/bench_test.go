@@ -36,7 +36,7 @@ func BenchmarkClaimAck(b *testing.B) {
 					if len(recs) == 0 {
 						b.Fatalf("claimed nothing after %d of %d", done, b.N)
 					}
-					if err := s.Ack(ctx, storage.AckParams{IDs: ids(recs), WorkerID: "w"}); err != nil {
+					if err := s.Ack(ctx, storage.AckParams{Records: storage.Refs(recs), WorkerID: "w"}); err != nil {
 						b.Fatal(err)
 					}
 					done += len(recs)

@@ -124,21 +124,23 @@ ORDER BY id LIMIT ?3`, t, holding, maxID)
 WHERE id IN (SELECT value FROM json_each(?3)) AND status = 'pending'
 RETURNING %s, 0`, t, returned)
 
-	// Write-backs are fenced on leased_by; ids come as one JSON array so any
-	// number fits in one statement. A record that leaves the pending state
-	// sets the next record of its key free (the schema's triggers).
-	const ids = `id IN (SELECT value FROM json_each(?1))`
+	// Write-backs are fenced on the claim: leased_by and the attempts it
+	// returned (see storage.ClaimRef). The records come as one JSON array of
+	// [id, attempts] pairs so any number fits in one statement. A record
+	// that leaves the pending state sets the next record of its key free
+	// (the schema's triggers).
+	const refs = `(id, attempts) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?1))`
 	s.ackSQL = fmt.Sprintf(`UPDATE %s SET status = 'delivered', delivered_at = ?3, leased_by = NULL, leased_until = NULL
-WHERE %s AND leased_by = ?2 AND status = 'pending'`, t, ids)
+WHERE %s AND leased_by = ?2 AND status = 'pending'`, t, refs)
 	s.relSQL = fmt.Sprintf(`UPDATE %s SET attempts = max(attempts - 1, 0), due_at = ?3, leased_by = NULL, leased_until = NULL,
     hold = %s
-WHERE %s AND leased_by = ?2 AND status = 'pending'`, t, holdRule(t, "?3"), ids)
+WHERE %s AND leased_by = ?2 AND status = 'pending'`, t, holdRule(t, "?3"), refs)
 	s.nackSQL = fmt.Sprintf(`UPDATE %s SET last_error = ?3, due_at = ?4, leased_by = NULL, leased_until = NULL,
     hold = %s
-WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t, holdRule(t, "?4"))
+WHERE id = ?1 AND attempts = :attempt AND leased_by = ?2 AND status = 'pending'`, t, holdRule(t, "?4"))
 	s.extendSQL = fmt.Sprintf(`UPDATE %s SET leased_until = ?3
 WHERE %s AND leased_by = ?2 AND leased_until > ?4 AND status = 'pending'
-RETURNING id`, t, ids)
+RETURNING id`, t, refs)
 	// A dead record's due_at is when it was dead-lettered; with
 	// HoldOnDeadLetter it holds its key (hold = 'key'), whatever storage
 	// claims next.
@@ -148,7 +150,7 @@ RETURNING id`, t, ids)
 	}
 	s.deadSQL = fmt.Sprintf(`UPDATE %s SET status = 'dead', last_error = ?3, due_at = ?4, leased_by = NULL, leased_until = NULL,
     hold = %s
-WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'`, t, deadHold)
+WHERE id = ?1 AND attempts = :attempt AND leased_by = ?2 AND status = 'pending'`, t, deadHold)
 	s.redriveSet = fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = 0, last_error = NULL, due_at = 0,
     leased_by = NULL, leased_until = NULL, hold = %s WHERE status = 'dead' AND `, t, holdRule(t, "0"))
 }
@@ -355,11 +357,11 @@ func scanRecords(rows *sql.Rows, capacity int, records []storage.Record) (_ []st
 
 // Ack implements [storage.Storage].
 func (s *Storage) Ack(ctx context.Context, params storage.AckParams) error {
-	if len(params.IDs) == 0 || params.WorkerID == "" {
+	if len(params.Records) == 0 || params.WorkerID == "" {
 		return nil
 	}
-	if err := s.exec(ctx, s.ackSQL, idsJSON(params.IDs), params.WorkerID, nanos(s.now())); err != nil {
-		return fmt.Errorf("ack %d outbox records: %w", len(params.IDs), err)
+	if err := s.exec(ctx, s.ackSQL, refsJSON(params.Records), params.WorkerID, nanos(s.now())); err != nil {
+		return fmt.Errorf("ack %d outbox records: %w", len(params.Records), err)
 	}
 	return nil
 }
@@ -369,21 +371,21 @@ func (s *Storage) Nack(ctx context.Context, params storage.NackParams) error {
 	if params.WorkerID == "" {
 		return nil
 	}
-	if err := s.exec(ctx, s.nackSQL, params.ID, params.WorkerID, params.Error, nanos(params.RetryAt),
-		sql.Named("now", nanos(s.now()))); err != nil {
-		return fmt.Errorf("nack outbox record %d: %w", params.ID, err)
+	if err := s.exec(ctx, s.nackSQL, params.Record.ID, params.WorkerID, params.Error, nanos(params.RetryAt),
+		sql.Named("now", nanos(s.now())), sql.Named("attempt", params.Record.Attempt)); err != nil {
+		return fmt.Errorf("nack outbox record %d: %w", params.Record.ID, err)
 	}
 	return nil
 }
 
 // Release implements [storage.Storage].
 func (s *Storage) Release(ctx context.Context, params storage.ReleaseParams) error {
-	if len(params.IDs) == 0 || params.WorkerID == "" {
+	if len(params.Records) == 0 || params.WorkerID == "" {
 		return nil
 	}
-	if err := s.exec(ctx, s.relSQL, idsJSON(params.IDs), params.WorkerID, nanos(params.RetryAt),
+	if err := s.exec(ctx, s.relSQL, refsJSON(params.Records), params.WorkerID, nanos(params.RetryAt),
 		sql.Named("now", nanos(s.now()))); err != nil {
-		return fmt.Errorf("release %d outbox records: %w", len(params.IDs), err)
+		return fmt.Errorf("release %d outbox records: %w", len(params.Records), err)
 	}
 	return nil
 }
@@ -393,8 +395,9 @@ func (s *Storage) DeadLetter(ctx context.Context, params storage.DeadLetterParam
 	if params.WorkerID == "" {
 		return nil
 	}
-	if err := s.exec(ctx, s.deadSQL, params.ID, params.WorkerID, params.Error, nanos(s.now())); err != nil {
-		return fmt.Errorf("dead-letter outbox record %d: %w", params.ID, err)
+	if err := s.exec(ctx, s.deadSQL, params.Record.ID, params.WorkerID, params.Error, nanos(s.now()),
+		sql.Named("attempt", params.Record.Attempt)); err != nil {
+		return fmt.Errorf("dead-letter outbox record %d: %w", params.Record.ID, err)
 	}
 	return nil
 }
@@ -404,14 +407,14 @@ func (s *Storage) Extend(ctx context.Context, params storage.ExtendParams) ([]in
 	if params.Lease <= 0 {
 		return nil, fmt.Errorf("extend outbox leases: Lease must be > 0, got %s", params.Lease)
 	}
-	if len(params.IDs) == 0 || params.WorkerID == "" {
+	if len(params.Records) == 0 || params.WorkerID == "" {
 		return nil, nil
 	}
 	var extended []int64
 	err := s.write(ctx, func(ctx context.Context) error {
 		extended = extended[:0]
 		now := s.now()
-		rows, err := s.db.QueryContext(ctx, s.extendSQL, idsJSON(params.IDs), params.WorkerID, nanos(now.Add(params.Lease)), nanos(now))
+		rows, err := s.db.QueryContext(ctx, s.extendSQL, refsJSON(params.Records), params.WorkerID, nanos(now.Add(params.Lease)), nanos(now))
 		if err != nil {
 			return err
 		}
@@ -426,7 +429,7 @@ func (s *Storage) Extend(ctx context.Context, params storage.ExtendParams) ([]in
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("extend the lease of %d outbox records: %w", len(params.IDs), err)
+		return nil, fmt.Errorf("extend the lease of %d outbox records: %w", len(params.Records), err)
 	}
 	return extended, nil
 }
@@ -449,6 +452,26 @@ func idsJSON(ids []int64) string {
 			b.WriteByte(',')
 		}
 		b.WriteString(strconv.FormatInt(id, 10))
+	}
+	b.WriteByte(']')
+	return b.String()
+}
+
+// refsJSON encodes refs as a JSON array of [id, attempts] pairs for
+// json_each.
+func refsJSON(refs []storage.ClaimRef) string {
+	var b strings.Builder
+	b.Grow(len(refs)*12 + 2)
+	b.WriteByte('[')
+	for i, r := range refs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('[')
+		b.WriteString(strconv.FormatInt(r.ID, 10))
+		b.WriteByte(',')
+		b.WriteString(strconv.Itoa(r.Attempt))
+		b.WriteByte(']')
 	}
 	b.WriteByte(']')
 	return b.String()

@@ -55,7 +55,7 @@ func drain(ctx context.Context, s *Storage, worker string, batch int, seen func(
 		for _, r := range recs {
 			seen(r, at)
 		}
-		if err := s.Ack(ctx, storage.AckParams{IDs: ids(recs), WorkerID: worker}); err != nil {
+		if err := s.Ack(ctx, storage.AckParams{Records: storage.Refs(recs), WorkerID: worker}); err != nil {
 			return err
 		}
 	}

@@ -64,7 +64,7 @@ func Example() {
 	for _, r := range records {
 		fmt.Printf("%s key=%s attempt=%d %s\n", r.Topic, r.Key, r.Attempts, r.Payload)
 	}
-	if err := outbox.Ack(ctx, storage.AckParams{IDs: []int64{records[0].ID}, WorkerID: "worker-1"}); err != nil {
+	if err := outbox.Ack(ctx, storage.AckParams{Records: []storage.ClaimRef{records[0].Ref()}, WorkerID: "worker-1"}); err != nil {
 		log.Fatal(err)
 	}
 	stats, err := outbox.Stats(ctx)
@@ -124,7 +124,7 @@ func ExampleStorage_Migrate() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := outbox.DeadLetter(ctx, storage.DeadLetterParams{ID: recs[0].ID, WorkerID: "fwd-1", Error: "schema rejected"}); err != nil {
+	if err := outbox.DeadLetter(ctx, storage.DeadLetterParams{Record: recs[0].Ref(), WorkerID: "fwd-1", Error: "schema rejected"}); err != nil {
 		log.Fatal(err)
 	}
 

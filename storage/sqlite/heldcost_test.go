@@ -44,19 +44,19 @@ var outageShapes = []outageShape{
 // is nacked, the rest released untried, both due in an hour.
 func retryLater(ctx context.Context, s *Storage, group []storage.Record) error {
 	at := time.Now().Add(time.Hour)
-	if err := s.Nack(ctx, storage.NackParams{ID: group[0].ID, WorkerID: "fwd", Error: "topic down", RetryAt: at}); err != nil {
+	if err := s.Nack(ctx, storage.NackParams{Record: group[0].Ref(), WorkerID: "fwd", Error: "topic down", RetryAt: at}); err != nil {
 		return err
 	}
-	return s.Release(ctx, storage.ReleaseParams{IDs: ids(group[1:]), WorkerID: "fwd", RetryAt: at})
+	return s.Release(ctx, storage.ReleaseParams{Records: storage.Refs(group[1:]), WorkerID: "fwd", RetryAt: at})
 }
 
 // deadLetter is the forwarder's last attempt: the group's first record is
 // dead-lettered, the rest released.
 func deadLetter(ctx context.Context, s *Storage, group []storage.Record) error {
-	if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: group[0].ID, WorkerID: "fwd", Error: "poison"}); err != nil {
+	if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: group[0].Ref(), WorkerID: "fwd", Error: "poison"}); err != nil {
 		return err
 	}
-	return s.Release(ctx, storage.ReleaseParams{IDs: ids(group[1:]), WorkerID: "fwd", RetryAt: time.Now()})
+	return s.Release(ctx, storage.ReleaseParams{Records: storage.Refs(group[1:]), WorkerID: "fwd", RetryAt: time.Now()})
 }
 
 // outageFigures are what one partial outage measured: times, and the
@@ -244,7 +244,7 @@ func runOutage(t *testing.T, shape outageShape, held, backlog int) outageFigures
 			}
 			groups[r.Key] = append(groups[r.Key], r)
 		}
-		if err := fwd.Ack(ctx, storage.AckParams{IDs: acks, WorkerID: "fwd"}); err != nil {
+		if err := fwd.Ack(ctx, storage.AckParams{Records: liveRefs(t, fwd, acks...), WorkerID: "fwd"}); err != nil {
 			t.Fatal(err)
 		}
 		for _, k := range order {
@@ -283,7 +283,7 @@ func runOutage(t *testing.T, shape outageShape, held, backlog int) outageFigures
 		if len(got) != 100 {
 			t.Fatalf("claimed %d fresh records, want 100", len(got))
 		}
-		if err := fwd.Ack(ctx, storage.AckParams{IDs: ids(got), WorkerID: "w"}); err != nil {
+		if err := fwd.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "w"}); err != nil {
 			t.Fatal(err)
 		}
 		if r >= 5 { // the first claims warm the cache up
@@ -312,7 +312,7 @@ func runOutage(t *testing.T, shape outageShape, held, backlog int) outageFigures
 				t.Fatalf("claimed held record %d", r.ID)
 			}
 		}
-		if err := fwd.Ack(ctx, storage.AckParams{IDs: ids(got), WorkerID: "w"}); err != nil {
+		if err := fwd.Ack(ctx, storage.AckParams{Records: storage.Refs(got), WorkerID: "w"}); err != nil {
 			t.Fatal(err)
 		}
 		done += len(got)

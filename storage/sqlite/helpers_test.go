@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -168,4 +169,27 @@ func ids(records []storage.Record) []int64 {
 
 func rec(topic, key string) storage.Record {
 	return storage.Record{UUID: fmt.Sprintf("uuid-%s-%s-%d", topic, key, time.Now().UnixNano()), Topic: topic, Key: key, Payload: []byte("p")}
+}
+
+// liveRefs names records as their live claims returned them (the attempts
+// stored with their lease), for write-backs of the worker holding them.
+func liveRefs(t testing.TB, s *Storage, ids ...int64) []storage.ClaimRef {
+	t.Helper()
+	refs := make([]storage.ClaimRef, len(ids))
+	for i, id := range ids {
+		refs[i] = liveRef(t, s, id)
+	}
+	return refs
+}
+
+// liveRef is liveRefs for one record: attempts 0 (no claim's) when it has
+// no lease. Safe from any goroutine: a failure is reported with Errorf.
+func liveRef(t testing.TB, s *Storage, id int64) storage.ClaimRef {
+	t.Helper()
+	var attempts int
+	err := s.db.QueryRowContext(context.Background(), fmt.Sprintf(`SELECT attempts FROM %s WHERE id = ?`, quote(s.table)), id).Scan(&attempts)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		t.Errorf("read the attempts of record %d: %v", id, err)
+	}
+	return storage.ClaimRef{ID: id, Attempt: attempts}
 }

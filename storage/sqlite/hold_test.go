@@ -72,13 +72,13 @@ func TestClaimTakesQueuedRecordsAlong(t *testing.T) {
 		t.Fatalf("claimed %v while the earlier records of their keys are in flight", ids(more))
 	}
 	ctx := context.Background()
-	if err := s.Ack(ctx, storage.AckParams{IDs: []int64{a[0], a[1]}, WorkerID: "w"}); err != nil {
+	if err := s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, a[0], a[1]), WorkerID: "w"}); err != nil {
 		t.Fatal(err)
 	}
 	if h := holds(t, s, a[3], a[4]); !slices.Equal(h, []string{"behind", "behind"}) {
 		t.Fatalf("a's queue freed while a3 is still in flight: %v", h)
 	}
-	if err := s.Ack(ctx, storage.AckParams{IDs: []int64{a[2], b[0], b[1]}, WorkerID: "w"}); err != nil {
+	if err := s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, a[2], b[0], b[1]), WorkerID: "w"}); err != nil {
 		t.Fatal(err)
 	}
 	if h := holds(t, s, a[3], a[4], b[2]); !slices.Equal(h, []string{"-", "behind", "-"}) {
@@ -101,7 +101,7 @@ func TestNextRecordSetFree(t *testing.T) {
 		s := newTestStorage(t, Config{})
 		a := insert(t, s, rec("t", "a"), rec("t", "a"))
 		claim(t, s, 1, time.Minute, "w")
-		if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: a[0], WorkerID: "w", Error: "poison"}); err != nil {
+		if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, a[0]), WorkerID: "w", Error: "poison"}); err != nil {
 			t.Fatal(err)
 		}
 		if got := claim(t, s, 10, time.Minute, "w"); !slices.Equal(ids(got), a[1:]) {
@@ -124,7 +124,7 @@ func TestNextRecordSetFree(t *testing.T) {
 		s := newTestStorage(t, Config{HoldOnDeadLetter: true})
 		a := insert(t, s, rec("t", "a"), rec("t", "a"))
 		claim(t, s, 1, time.Minute, "w")
-		if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: a[0], WorkerID: "w", Error: "poison"}); err != nil {
+		if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, a[0]), WorkerID: "w", Error: "poison"}); err != nil {
 			t.Fatal(err)
 		}
 		later := insert(t, s, rec("t", "a"))
@@ -164,10 +164,10 @@ func TestRetryDueComesBack(t *testing.T) {
 	if !slices.Equal(ids(got), a) {
 		t.Fatalf("claimed %v, want %v", ids(got), a)
 	}
-	if err := s.Nack(ctx, storage.NackParams{ID: a[0], WorkerID: "w", Error: "down", RetryAt: clock.Now().Add(time.Minute)}); err != nil {
+	if err := s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, a[0]), WorkerID: "w", Error: "down", RetryAt: clock.Now().Add(time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(ctx, storage.ReleaseParams{IDs: a[1:], WorkerID: "w", RetryAt: clock.Now()}); err != nil {
+	if err := s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, a[1:]...), WorkerID: "w", RetryAt: clock.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	if h := holds(t, s, a...); !slices.Equal(h, []string{"retry", "behind", "behind"}) {

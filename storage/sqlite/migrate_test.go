@@ -210,7 +210,7 @@ func TestMigrateFromEveryVersionWithRecordsInFlight(t *testing.T) {
 			if got := claim(t, s, 100, time.Minute, "w2"); !slices.Equal(ids(got), []int64{all[4]}) {
 				t.Fatalf("claim after Migrate = %v, want [%d]", ids(got), all[4])
 			}
-			must(s.Ack(ctx, storage.AckParams{IDs: []int64{all[0]}, WorkerID: "w1"}))
+			must(s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, all[0]), WorkerID: "w1"}))
 			clock.Add(2 * time.Second)
 			if got := claim(t, s, 100, time.Minute, "w2"); !slices.Equal(ids(got), []int64{all[1], all[5], all[6]}) {
 				t.Fatalf("claim after a1 acked = %v, want [%d %d %d] in id order", ids(got), all[1], all[5], all[6])

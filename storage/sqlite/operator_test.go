@@ -33,10 +33,10 @@ func TestDeadAtAndRecordStates(t *testing.T) {
 	ids := insert(t, s, rec("t", "a"), rec("t", "b"), rec("t", "c"))
 	claim(t, s, 3, time.Minute, "w")
 	clock.Add(time.Second)
-	if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids[0], WorkerID: "w", Error: "x"}); err != nil {
+	if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids[0]), WorkerID: "w", Error: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Ack(ctx, storage.AckParams{IDs: ids[1:2], WorkerID: "w"}); err != nil {
+	if err := s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, ids[1:2]...), WorkerID: "w"}); err != nil {
 		t.Fatal(err)
 	}
 	dead, err := s.Record(ctx, ids[0])

@@ -163,7 +163,7 @@ func TestInsertClaimAckRoundTrip(t *testing.T) {
 	if again := claim(t, s, 10, time.Minute, "w2"); len(again) != 0 {
 		t.Fatalf("leased records claimed again: %v", ids(again))
 	}
-	if err := s.Ack(context.Background(), storage.AckParams{IDs: gotIDs, WorkerID: "w1"}); err != nil {
+	if err := s.Ack(context.Background(), storage.AckParams{Records: liveRefs(t, s, gotIDs...), WorkerID: "w1"}); err != nil {
 		t.Fatal(err)
 	}
 	clock.Add(time.Hour) // leases long expired: delivered records stay delivered
@@ -229,7 +229,7 @@ func TestInsertLargeBatchKeepsOrder(t *testing.T) {
 			break
 		}
 		got = append(got, recs...)
-		if err := s.Ack(context.Background(), storage.AckParams{IDs: ids(recs), WorkerID: "w"}); err != nil {
+		if err := s.Ack(context.Background(), storage.AckParams{Records: storage.Refs(recs), WorkerID: "w"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -264,27 +264,27 @@ func TestLeaseExpiryAndFencing(t *testing.T) {
 	}
 
 	// w1 lost its lease: every write-back of w1 is ignored.
-	if err := s.Ack(ctx, storage.AckParams{IDs: []int64{id}, WorkerID: "w1"}); err != nil {
+	if err := s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, id), WorkerID: "w1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Nack(ctx, storage.NackParams{ID: id, WorkerID: "w1", Error: "boom", RetryAt: clock.Now().Add(time.Hour)}); err != nil {
+	if err := s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, id), WorkerID: "w1", Error: "boom", RetryAt: clock.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(ctx, storage.ReleaseParams{IDs: []int64{id}, WorkerID: "w1"}); err != nil {
+	if err := s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, id), WorkerID: "w1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: id, WorkerID: "w1", Error: "x"}); err != nil {
+	if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, id), WorkerID: "w1", Error: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	// Empty worker ids and unknown ids are ignored too.
-	if err := s.Ack(ctx, storage.AckParams{IDs: []int64{id, 9999}, WorkerID: ""}); err != nil {
+	if err := s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, id, 9999), WorkerID: ""}); err != nil {
 		t.Fatal(err)
 	}
 	st := inspect(t, s, id)
 	if st.Status != storage.StatusPending || st.LeasedBy != "w2" || st.Attempts != 2 || st.LastError != "" {
 		t.Fatalf("fenced write-backs changed the record: %+v", st)
 	}
-	if err := s.Ack(ctx, storage.AckParams{IDs: []int64{id, 9999}, WorkerID: "w2"}); err != nil {
+	if err := s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, id, 9999), WorkerID: "w2"}); err != nil {
 		t.Fatal(err)
 	}
 	if st := inspect(t, s, id); st.Status != storage.StatusDelivered {
@@ -303,13 +303,13 @@ func TestNackReleaseDeadLetterRedrive(t *testing.T) {
 		t.Fatalf("claimed %d, want 3", len(claimed))
 	}
 	retryAt := clock.Now().Add(10*time.Second + 123) // odd nanoseconds survive
-	if err := s.Nack(ctx, storage.NackParams{ID: ids3[0], WorkerID: "w", Error: "broker down", RetryAt: retryAt}); err != nil {
+	if err := s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, ids3[0]), WorkerID: "w", Error: "broker down", RetryAt: retryAt}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(ctx, storage.ReleaseParams{IDs: ids3[1:2], WorkerID: "w", RetryAt: retryAt}); err != nil {
+	if err := s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, ids3[1:2]...), WorkerID: "w", RetryAt: retryAt}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids3[2], WorkerID: "w", Error: "poison"}); err != nil {
+	if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids3[2]), WorkerID: "w", Error: "poison"}); err != nil {
 		t.Fatal(err)
 	}
 	if st := inspect(t, s, ids3[0]); st.Status != storage.StatusPending || st.Attempts != 1 || st.LastError != "broker down" || st.LeasedBy != "" || !st.DueAt.Equal(retryAt) {
@@ -347,7 +347,7 @@ func TestNackReleaseDeadLetterRedrive(t *testing.T) {
 	if !slices.Equal(ids(r), ids3[2:]) || r[0].Attempts != 1 {
 		t.Fatalf("claim after redrive: %+v", r)
 	}
-	if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: ids3[2], WorkerID: "w2", Error: "again"}); err != nil {
+	if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, ids3[2]), WorkerID: "w2", Error: "again"}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := s.Redrive(ctx, storage.RedriveParams{Topic: "a"}); err != nil || n != 0 {
@@ -383,7 +383,7 @@ func TestStrictOrdering(t *testing.T) {
 				return
 			}
 			// a1 fails and waits for its retry: a2 and a3 still wait.
-			if err := s.Nack(ctx, storage.NackParams{ID: id[0], WorkerID: "w1", Error: "e", RetryAt: clock.Now().Add(time.Second)}); err != nil {
+			if err := s.Nack(ctx, storage.NackParams{Record: liveRef(t, s, id[0]), WorkerID: "w1", Error: "e", RetryAt: clock.Now().Add(time.Second)}); err != nil {
 				t.Fatal(err)
 			}
 			if r := claim(t, s, 10, time.Minute, "w3"); len(r) != 0 {
@@ -395,10 +395,10 @@ func TestStrictOrdering(t *testing.T) {
 				t.Fatalf("w3 claimed %v, want a1 a2 a3", ids(r))
 			}
 			// A dead-lettered head no longer holds its key back.
-			if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: id[0], WorkerID: "w3", Error: "dead"}); err != nil {
+			if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: liveRef(t, s, id[0]), WorkerID: "w3", Error: "dead"}); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Release(ctx, storage.ReleaseParams{IDs: []int64{id[1], id[4]}, WorkerID: "w3"}); err != nil {
+			if err := s.Release(ctx, storage.ReleaseParams{Records: liveRefs(t, s, id[1], id[4]), WorkerID: "w3"}); err != nil {
 				t.Fatal(err)
 			}
 			if r := claim(t, s, 10, time.Minute, "w4"); !slices.Equal(ids(r), []int64{id[1], id[4]}) {
@@ -457,10 +457,10 @@ func TestStatsAndPurge(t *testing.T) {
 	all := insert(t, s, records...)
 	clock.Add(time.Minute)
 	claimed := claim(t, s, n-3, time.Minute, "w") // 3 stay unclaimed
-	if err := s.DeadLetter(ctx, storage.DeadLetterParams{ID: claimed[0].ID, WorkerID: "w", Error: "x"}); err != nil {
+	if err := s.DeadLetter(ctx, storage.DeadLetterParams{Record: claimed[0].Ref(), WorkerID: "w", Error: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Ack(ctx, storage.AckParams{IDs: ids(claimed[2:]), WorkerID: "w"}); err != nil { // claimed[1] stays leased
+	if err := s.Ack(ctx, storage.AckParams{Records: storage.Refs(claimed[2:]), WorkerID: "w"}); err != nil { // claimed[1] stays leased
 		t.Fatal(err)
 	}
 	st, err := s.Stats(ctx)

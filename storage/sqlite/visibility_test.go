@@ -137,7 +137,7 @@ func TestVisibilityDelayDeferredProducers(t *testing.T) {
 			}
 			for _, r := range got {
 				all = append(all, r.ID)
-				if err := s.Ack(ctx, storage.AckParams{IDs: []int64{r.ID}, WorkerID: "w"}); err != nil {
+				if err := s.Ack(ctx, storage.AckParams{Records: []storage.ClaimRef{r.Ref()}, WorkerID: "w"}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -104,7 +104,7 @@ func (e *env) drain(t *testing.T, n int, cfg drainConfig) drainResult {
 					mu.Lock()
 					delete(held, r.ID)
 					mu.Unlock()
-					err = e.s.Release(ctx, storage.ReleaseParams{IDs: []int64{r.ID}, WorkerID: worker, RetryAt: retryAt})
+					err = e.s.Release(ctx, storage.ReleaseParams{Records: []storage.ClaimRef{r.Ref()}, WorkerID: worker, RetryAt: retryAt})
 				} else {
 					failed := cfg.fail != nil && cfg.fail(r)
 					mu.Lock()
@@ -124,9 +124,9 @@ func (e *env) drain(t *testing.T, n int, cfg drainConfig) drainResult {
 						if r.Key != "" {
 							failedKeys[r.Key] = retryAt
 						}
-						err = e.s.Nack(ctx, storage.NackParams{ID: r.ID, WorkerID: worker, Error: "publish failed", RetryAt: retryAt})
+						err = e.s.Nack(ctx, storage.NackParams{Record: r.Ref(), WorkerID: worker, Error: "publish failed", RetryAt: retryAt})
 					} else {
-						err = e.s.Ack(ctx, storage.AckParams{IDs: []int64{r.ID}, WorkerID: worker})
+						err = e.s.Ack(ctx, storage.AckParams{Records: []storage.ClaimRef{r.Ref()}, WorkerID: worker})
 					}
 				}
 				if err != nil {

@@ -14,6 +14,7 @@ func extendCases() []testCase {
 		{name: "ByOtherWorkerIgnored", run: testExtendOtherWorker},
 		{name: "ExpiredLeaseNotExtended", run: testExtendExpired},
 		{name: "AfterTakeoverIgnored", run: testExtendAfterTakeover},
+		{name: "OfEarlierClaimIgnored", run: testExtendEarlierClaim},
 		{name: "ReturnsOnlyOwnRecords", run: testExtendOnlyOwn},
 	}
 }
@@ -22,9 +23,14 @@ const extendRule = "Extend only extends live leases held by the calling worker (
 
 func (e *env) extend(worker string, lease time.Duration, ids ...int64) []int64 {
 	e.t.Helper()
-	got, err := e.s.Extend(e.ctx, storage.ExtendParams{IDs: ids, WorkerID: worker, Lease: lease})
+	return e.extendRefs(worker, lease, e.refs(worker, ids)...)
+}
+
+func (e *env) extendRefs(worker string, lease time.Duration, refs ...storage.ClaimRef) []int64 {
+	e.t.Helper()
+	got, err := e.s.Extend(e.ctx, storage.ExtendParams{Records: refs, WorkerID: worker, Lease: lease})
 	if err != nil {
-		e.t.Fatalf("Extend(%v, worker %q) returned error %v: extend must not fail", ids, worker, err)
+		e.t.Fatalf("Extend(%v, worker %q) returned error %v: extend must not fail", refs, worker, err)
 	}
 	slices.Sort(got)
 	return got
@@ -94,6 +100,27 @@ func testExtendAfterTakeover(t *testing.T, e *env) {
 	if st, ok := e.state(id); ok && st.Status != storage.StatusDelivered {
 		t.Fatalf("Inspect reports record %d %s after worker-2 acked it, want delivered: worker-1's Extend must not have taken the lease back", id, st.Status)
 	}
+}
+
+// testExtendEarlierClaim: an Extend of worker-1's first claim, whose lease
+// ran out, must not touch the lease of its second claim of the record: the
+// second lease runs out when its own length says.
+func testExtendEarlierClaim(t *testing.T, e *env) {
+	id := e.insert("")[0]
+	first := e.claim("worker-1", 10, e.lease)
+	stale, ok := find(first, id)
+	if !ok {
+		t.Fatalf("Claim returned %v, want record %d", ids(first), id)
+	}
+	e.claimUntil("worker-1", 10, e.lease, id, "a record whose lease expired must be claimable again, by the same worker too")
+	start := time.Now()
+	if got := e.extendRefs("worker-1", longLease, stale.Ref()); len(got) != 0 {
+		t.Fatalf("Extend by worker-1 of its earlier claim of record %d (attempt %d), which it claimed again since, returned %v, want none: %s",
+			id, stale.Attempts, got, claimFencingRule)
+	}
+	e.waitLeaseOver(start)
+	e.claimUntil("worker-2", 10, longLease, id,
+		"worker-1's second lease ran out; an Extend of its earlier claim must not have kept the record leased")
 }
 
 func testExtendOnlyOwn(t *testing.T, e *env) {

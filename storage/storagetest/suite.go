@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -120,6 +121,13 @@ type env struct {
 	s     storage.Storage
 	ctx   context.Context
 	lease time.Duration // h.ShortLease
+
+	mu sync.Mutex
+	// claims holds, per worker, the attempts its latest claim of each
+	// record returned; last, those of the latest claim of each record by
+	// any worker. The id-based helpers name records by them (see ref).
+	claims map[string]map[int64]int
+	last   map[int64]int
 }
 
 func newEnv(t *testing.T, h Harness) *env {
@@ -127,7 +135,8 @@ func newEnv(t *testing.T, h Harness) *env {
 	if s == nil {
 		t.Fatal("storagetest: Harness.New returned a nil storage")
 	}
-	return &env{t: t, h: h, s: s, ctx: t.Context(), lease: h.ShortLease}
+	return &env{t: t, h: h, s: s, ctx: t.Context(), lease: h.ShortLease,
+		claims: make(map[string]map[int64]int), last: make(map[int64]int)}
 }
 
 // insert commits one record per key (empty = keyless) and returns the ids,
@@ -189,7 +198,37 @@ func (e *env) claim(worker string, batch int, lease time.Duration) []storage.Rec
 	if err := checkClaim(got, batch); err != nil {
 		e.t.Fatal(err)
 	}
+	e.mu.Lock()
+	if e.claims[worker] == nil {
+		e.claims[worker] = make(map[int64]int)
+	}
+	for _, r := range got {
+		e.claims[worker][r.ID] = r.Attempts
+		e.last[r.ID] = r.Attempts
+	}
+	e.mu.Unlock()
 	return got
+}
+
+// ref names record id for a write-back by worker: as worker's latest claim
+// returned it, or, for a record worker never claimed, as the latest claim
+// of anyone did (so that only the worker tells the write-back apart), or
+// with attempts 0 for a record nobody claimed.
+func (e *env) ref(worker string, id int64) storage.ClaimRef {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if a, ok := e.claims[worker][id]; ok {
+		return storage.ClaimRef{ID: id, Attempt: a}
+	}
+	return storage.ClaimRef{ID: id, Attempt: e.last[id]}
+}
+
+func (e *env) refs(worker string, ids []int64) []storage.ClaimRef {
+	refs := make([]storage.ClaimRef, len(ids))
+	for i, id := range ids {
+		refs[i] = e.ref(worker, id)
+	}
+	return refs
 }
 
 // checkClaim returns what is wrong with a claim result, nil when nothing is.
@@ -208,32 +247,55 @@ func checkClaim(got []storage.Record, batch int) error {
 	return nil
 }
 
+// The write-back helpers name each record as worker's latest claim of it
+// returned it (see ref); the ...Ref ones take the ClaimRef to send.
+
 func (e *env) ack(worker string, ids ...int64) {
 	e.t.Helper()
-	if err := e.s.Ack(e.ctx, storage.AckParams{IDs: ids, WorkerID: worker}); err != nil {
-		e.t.Fatalf("Ack(%v, worker %q) returned error %v: ack must not fail", ids, worker, err)
+	e.ackRefs(worker, e.refs(worker, ids)...)
+}
+
+func (e *env) ackRefs(worker string, refs ...storage.ClaimRef) {
+	e.t.Helper()
+	if err := e.s.Ack(e.ctx, storage.AckParams{Records: refs, WorkerID: worker}); err != nil {
+		e.t.Fatalf("Ack(%v, worker %q) returned error %v: ack must not fail", refs, worker, err)
 	}
 }
 
 func (e *env) nack(worker string, id int64, reason string, retryAt time.Time) {
 	e.t.Helper()
-	err := e.s.Nack(e.ctx, storage.NackParams{ID: id, WorkerID: worker, Error: reason, RetryAt: retryAt})
+	e.nackRef(worker, e.ref(worker, id), reason, retryAt)
+}
+
+func (e *env) nackRef(worker string, ref storage.ClaimRef, reason string, retryAt time.Time) {
+	e.t.Helper()
+	err := e.s.Nack(e.ctx, storage.NackParams{Record: ref, WorkerID: worker, Error: reason, RetryAt: retryAt})
 	if err != nil {
-		e.t.Fatalf("Nack(%d, worker %q) returned error %v: nack must not fail", id, worker, err)
+		e.t.Fatalf("Nack(%v, worker %q) returned error %v: nack must not fail", ref, worker, err)
 	}
 }
 
 func (e *env) release(worker string, retryAt time.Time, ids ...int64) {
 	e.t.Helper()
-	if err := e.s.Release(e.ctx, storage.ReleaseParams{IDs: ids, WorkerID: worker, RetryAt: retryAt}); err != nil {
-		e.t.Fatalf("Release(%v, worker %q) returned error %v: release must not fail", ids, worker, err)
+	e.releaseRefs(worker, retryAt, e.refs(worker, ids)...)
+}
+
+func (e *env) releaseRefs(worker string, retryAt time.Time, refs ...storage.ClaimRef) {
+	e.t.Helper()
+	if err := e.s.Release(e.ctx, storage.ReleaseParams{Records: refs, WorkerID: worker, RetryAt: retryAt}); err != nil {
+		e.t.Fatalf("Release(%v, worker %q) returned error %v: release must not fail", refs, worker, err)
 	}
 }
 
 func (e *env) deadLetter(worker string, id int64, reason string) {
 	e.t.Helper()
-	if err := e.s.DeadLetter(e.ctx, storage.DeadLetterParams{ID: id, WorkerID: worker, Error: reason}); err != nil {
-		e.t.Fatalf("DeadLetter(%d, worker %q) returned error %v: dead-letter must not fail", id, worker, err)
+	e.deadLetterRef(worker, e.ref(worker, id), reason)
+}
+
+func (e *env) deadLetterRef(worker string, ref storage.ClaimRef, reason string) {
+	e.t.Helper()
+	if err := e.s.DeadLetter(e.ctx, storage.DeadLetterParams{Record: ref, WorkerID: worker, Error: reason}); err != nil {
+		e.t.Fatalf("DeadLetter(%v, worker %q) returned error %v: dead-letter must not fail", ref, worker, err)
 	}
 }
 

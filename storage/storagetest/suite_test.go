@@ -35,6 +35,7 @@ var mutants = map[string]string{
 	"claim-over-batch-size":   "a claim must not exceed its batch size",
 	"lease-ignored":           "a leased record is not claimable until its lease expires",
 	"no-fencing":              "(fencing)",
+	"no-claim-fencing":        "(fencing on the claim)",
 	"extend-ignores-fencing":  "Extend only extends live leases held by the calling worker",
 	"nack-ignores-retry-at":   "a record is not claimable before it is due",
 	"release-keeps-attempt":   "Release gives the attempt back",
@@ -58,21 +59,27 @@ func (m *mutant) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Re
 	return got, err
 }
 
-// holder returns worker, or with fencing broken whoever holds the lease.
-func (m *mutant) holder(id int64, worker string) string {
-	if m.name != "no-fencing" {
-		return worker
+// holder returns ref and worker as the mutant sends them on: with fencing
+// broken, as whoever holds the lease by its current claim; with fencing on
+// the claim broken, as worker's current claim.
+func (m *mutant) holder(ref storage.ClaimRef, worker string) (storage.ClaimRef, string) {
+	st, _ := m.Get(ref.ID)
+	switch m.name {
+	case "no-fencing":
+		return storage.ClaimRef{ID: ref.ID, Attempt: st.Record.Attempts}, st.LeasedBy
+	case "no-claim-fencing":
+		return storage.ClaimRef{ID: ref.ID, Attempt: st.Record.Attempts}, worker
 	}
-	st, _ := m.Get(id)
-	return st.LeasedBy
+	return ref, worker
 }
 
 func (m *mutant) Ack(ctx context.Context, p storage.AckParams) error {
 	if m.name == "ack-ignored" {
 		return nil
 	}
-	for _, id := range p.IDs {
-		if err := m.Storage.Ack(ctx, storage.AckParams{IDs: []int64{id}, WorkerID: m.holder(id, p.WorkerID)}); err != nil {
+	for _, ref := range p.Records {
+		ref, worker := m.holder(ref, p.WorkerID)
+		if err := m.Storage.Ack(ctx, storage.AckParams{Records: []storage.ClaimRef{ref}, WorkerID: worker}); err != nil {
 			return err
 		}
 	}
@@ -83,18 +90,18 @@ func (m *mutant) Nack(ctx context.Context, p storage.NackParams) error {
 	if m.name == "nack-ignores-retry-at" {
 		p.RetryAt = time.Now()
 	}
-	p.WorkerID = m.holder(p.ID, p.WorkerID)
+	p.Record, p.WorkerID = m.holder(p.Record, p.WorkerID)
 	return m.Storage.Nack(ctx, p)
 }
 
 func (m *mutant) Release(ctx context.Context, p storage.ReleaseParams) error {
-	for _, id := range p.IDs {
-		worker := m.holder(id, p.WorkerID)
+	for _, ref := range p.Records {
+		ref, worker := m.holder(ref, p.WorkerID)
 		var err error
 		if m.name == "release-keeps-attempt" {
-			err = m.Storage.Nack(ctx, storage.NackParams{ID: id, WorkerID: worker, RetryAt: p.RetryAt})
+			err = m.Storage.Nack(ctx, storage.NackParams{Record: ref, WorkerID: worker, RetryAt: p.RetryAt})
 		} else {
-			err = m.Storage.Release(ctx, storage.ReleaseParams{IDs: []int64{id}, WorkerID: worker, RetryAt: p.RetryAt})
+			err = m.Storage.Release(ctx, storage.ReleaseParams{Records: []storage.ClaimRef{ref}, WorkerID: worker, RetryAt: p.RetryAt})
 		}
 		if err != nil {
 			return err
@@ -104,26 +111,32 @@ func (m *mutant) Release(ctx context.Context, p storage.ReleaseParams) error {
 }
 
 func (m *mutant) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
-	p.WorkerID = m.holder(p.ID, p.WorkerID)
+	p.Record, p.WorkerID = m.holder(p.Record, p.WorkerID)
 	if m.name == "dead-letter-retries" {
-		return m.Storage.Nack(ctx, storage.NackParams{ID: p.ID, WorkerID: p.WorkerID, Error: p.Error, RetryAt: time.Now()})
+		return m.Storage.Nack(ctx, storage.NackParams{Record: p.Record, WorkerID: p.WorkerID, Error: p.Error, RetryAt: time.Now()})
 	}
 	return m.Storage.DeadLetter(ctx, p)
 }
 
 // Extend, with "extend-ignores-fencing", extends every leased record for
-// whoever holds it, as if the caller did.
+// whoever holds it, as if the caller did; with "no-claim-fencing", the
+// caller's current claims.
 func (m *mutant) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, error) {
-	if m.name != "extend-ignores-fencing" {
+	if m.name != "extend-ignores-fencing" && m.name != "no-claim-fencing" {
 		return m.Storage.Extend(ctx, p)
 	}
 	var extended []int64
-	for _, id := range p.IDs {
-		st, _ := m.Get(id)
+	for _, ref := range p.Records {
+		st, _ := m.Get(ref.ID)
 		if st.LeasedBy == "" {
 			continue
 		}
-		got, err := m.Storage.Extend(ctx, storage.ExtendParams{IDs: []int64{id}, WorkerID: st.LeasedBy, Lease: p.Lease})
+		worker := st.LeasedBy
+		if m.name == "no-claim-fencing" {
+			worker = p.WorkerID
+		}
+		ref.Attempt = st.Record.Attempts
+		got, err := m.Storage.Extend(ctx, storage.ExtendParams{Records: []storage.ClaimRef{ref}, WorkerID: worker, Lease: p.Lease})
 		if err != nil {
 			return nil, err
 		}
