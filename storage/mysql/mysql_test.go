@@ -421,7 +421,7 @@ func TestClaimDeadlocks(t *testing.T) {
 	for start := 0; start < records; start += 1000 {
 		insert(t, s, recs(keysOf[start:start+1000]...)...)
 	}
-	claimed := make([][]int64, claimers)
+	claimed := make([][]storage.ClaimRef, claimers)
 	errs := make([]error, claimers)
 	acked := 0
 	for acked < records && ctx.Err() == nil {
@@ -429,7 +429,7 @@ func TestClaimDeadlocks(t *testing.T) {
 		for w := range claimers {
 			wg.Go(func() {
 				got, err := s.Claim(ctx, storage.ClaimParams{BatchSize: 10 + rand.IntN(40), Lease: time.Minute, WorkerID: fmt.Sprint("w", w)})
-				claimed[w], errs[w] = idsOf(got), err
+				claimed[w], errs[w] = storage.Refs(got), err
 			})
 		}
 		wg.Wait()
@@ -437,7 +437,7 @@ func TestClaimDeadlocks(t *testing.T) {
 		for w := range claimers {
 			if len(claimed[w]) > 0 {
 				wg.Go(func() {
-					errs[w] = s.Ack(ctx, storage.AckParams{Records: liveRefs(t, s, claimed[w]...), WorkerID: fmt.Sprint("w", w)})
+					errs[w] = s.Ack(ctx, storage.AckParams{Records: claimed[w], WorkerID: fmt.Sprint("w", w)})
 				})
 				acked += len(claimed[w])
 			}

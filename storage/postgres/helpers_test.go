@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -274,24 +273,46 @@ func pgxpoolWithConfig(t testing.TB, cfg *pgxpool.Config) (*pgxpool.Pool, error)
 }
 
 // liveRefs names records as their live claims returned them (the attempts
-// stored with their lease), for write-backs of the worker holding them.
+// stored with their lease; 0, no claim's, for a record without one), for
+// write-backs of the worker holding them. One query for all of them; safe
+// from any goroutine: a failure is reported with Errorf.
 func liveRefs(t testing.TB, s *Storage, ids ...int64) []storage.ClaimRef {
 	t.Helper()
+	live := make(map[int64]int, len(ids))
+	readLive(t, s, ids, live)
 	refs := make([]storage.ClaimRef, len(ids))
 	for i, id := range ids {
-		refs[i] = liveRef(t, s, id)
+		refs[i] = storage.ClaimRef{ID: id, Attempt: live[id]}
 	}
 	return refs
 }
 
-// liveRef is liveRefs for one record: attempts 0 (no claim's) when it has
-// no lease. Safe from any goroutine: a failure is reported with Errorf.
+// readLive reads into live the attempts of the records of ids that have a
+// lease.
+func readLive(t testing.TB, s *Storage, ids []int64, live map[int64]int) {
+	t.Helper()
+	rows, err := s.pool.Query(context.Background(), "SELECT id, attempts FROM "+s.leases+" WHERE id = ANY($1)", ids)
+	if err != nil {
+		t.Errorf("read the leases of records %v: %v", ids, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var attempts int32
+		if err := rows.Scan(&id, &attempts); err != nil {
+			t.Errorf("read the leases of records %v: %v", ids, err)
+			return
+		}
+		live[id] = int(attempts)
+	}
+	if err := rows.Err(); err != nil {
+		t.Errorf("read the leases of records %v: %v", ids, err)
+	}
+}
+
+// liveRef is liveRefs for one record.
 func liveRef(t testing.TB, s *Storage, id int64) storage.ClaimRef {
 	t.Helper()
-	var attempts int32
-	err := s.pool.QueryRow(context.Background(), "SELECT attempts FROM "+s.leases+" WHERE id = $1", id).Scan(&attempts)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		t.Errorf("read the lease of record %d: %v", id, err)
-	}
-	return storage.ClaimRef{ID: id, Attempt: int(attempts)}
+	return liveRefs(t, s, id)[0]
 }

@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -172,24 +171,46 @@ func rec(topic, key string) storage.Record {
 }
 
 // liveRefs names records as their live claims returned them (the attempts
-// stored with their lease), for write-backs of the worker holding them.
+// stored with their lease; 0, no claim's, for a record without one), for
+// write-backs of the worker holding them. One query for all of them; safe
+// from any goroutine: a failure is reported with Errorf.
 func liveRefs(t testing.TB, s *Storage, ids ...int64) []storage.ClaimRef {
 	t.Helper()
+	live := make(map[int64]int, len(ids))
+	readLive(t, s, ids, live)
 	refs := make([]storage.ClaimRef, len(ids))
 	for i, id := range ids {
-		refs[i] = liveRef(t, s, id)
+		refs[i] = storage.ClaimRef{ID: id, Attempt: live[id]}
 	}
 	return refs
 }
 
-// liveRef is liveRefs for one record: attempts 0 (no claim's) when it has
-// no lease. Safe from any goroutine: a failure is reported with Errorf.
+// readLive reads into live the attempts of the records of ids: those of
+// the live claim while a record is leased.
+func readLive(t testing.TB, s *Storage, ids []int64, live map[int64]int) {
+	t.Helper()
+	rows, err := s.db.QueryContext(context.Background(), fmt.Sprintf(`SELECT id, attempts FROM %s WHERE id IN (SELECT value FROM json_each(?))`, quote(s.table)), idsJSON(ids))
+	if err != nil {
+		t.Errorf("read the attempts of records %v: %v", ids, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var attempts int
+		if err := rows.Scan(&id, &attempts); err != nil {
+			t.Errorf("read the attempts of records %v: %v", ids, err)
+			return
+		}
+		live[id] = attempts
+	}
+	if err := rows.Err(); err != nil {
+		t.Errorf("read the attempts of records %v: %v", ids, err)
+	}
+}
+
+// liveRef is liveRefs for one record.
 func liveRef(t testing.TB, s *Storage, id int64) storage.ClaimRef {
 	t.Helper()
-	var attempts int
-	err := s.db.QueryRowContext(context.Background(), fmt.Sprintf(`SELECT attempts FROM %s WHERE id = ?`, quote(s.table)), id).Scan(&attempts)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		t.Errorf("read the attempts of record %d: %v", id, err)
-	}
-	return storage.ClaimRef{ID: id, Attempt: attempts}
+	return liveRefs(t, s, id)[0]
 }
