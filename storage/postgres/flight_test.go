@@ -24,13 +24,15 @@ func inFlightWithRowBehind(t *testing.T, s *Storage) (head, behind int64) {
 	return head, insert(t, s, rec("k"))[0]
 }
 
-// ackIn runs the statements of worker's ack of ids in tx, which the caller
-// commits: the lease lock, then the ack.
+// ackIn runs the statements of worker's ack of ids (as their live claims
+// returned them) in tx, which the caller commits: the lease lock, then the
+// ack.
 func ackIn(t *testing.T, tx pgx.Tx, s *Storage, ids []int64, worker string) {
 	t.Helper()
+	_, attempts := splitRefs(liveRefs(t, s, ids...))
 	_, err := tx.Exec(t.Context(), s.q.lockLeases, ids, worker)
 	must(t, err)
-	_, err = tx.Exec(t.Context(), s.q.ack, ids, worker)
+	_, err = tx.Exec(t.Context(), s.q.ack, ids, worker, attempts)
 	must(t, err)
 }
 
@@ -381,7 +383,7 @@ func TestParkMoreParksNothingBelowALease(t *testing.T) {
 		must(t, err)
 	}
 	// The first statement of Nack, whose loop then runs parkMore.
-	found, l1, holds, key, err := s.park(ctx, s.q.nack, h, "w", "x", time.Now().Add(time.Hour))
+	found, l1, holds, key, err := s.park(ctx, s.q.nack, h, "w", "x", time.Now().Add(time.Hour), liveRef(t, s, h).Attempt)
 	s.nothingHeld.Store(false) // as Nack does
 	must(t, err)
 	if found != parkChunk || l1 != last || !holds || key != "k" {

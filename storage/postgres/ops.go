@@ -252,8 +252,15 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// worker has another leased_by, and one this worker claimed again since
 	// has other attempts, so the write-back matches nothing; see
 	// storage.ClaimRef), and its attempts, which count claims whose lease ran
-	// out, go to the row. claim is the condition on the lease's attempts.
-	fenced := func(ids, claim string, returning string, locked bool) string {
+	// out, go to the row. ids selects the records by $1, one id or an array;
+	// parameter $n holds the attempts their claims returned (an array in
+	// the order of $1's).
+	fenced := func(ids string, n int, returning string, locked bool) string {
+		many := ids != "= $1"
+		claim := fmt.Sprintf("x.attempts = $%d", n)
+		if many {
+			claim = fmt.Sprintf("(x.id, x.attempts) IN (SELECT * FROM unnest($1::bigint[], $%d::integer[]))", n)
+		}
 		if strict && locked {
 			// An ack, and a dead-letter that sets free, lock their leases
 			// in id order in a statement of their own before this one (see
@@ -314,17 +321,18 @@ l AS (DELETE FROM %[1]s x WHERE x.id = ANY(ARRAY(SELECT k.id FROM k)) AND x.leas
 		// expired lease of the same row then wait for each other one way
 		// only and never deadlock. The DELETE re-reads a lease updated
 		// meanwhile, so a takeover committed while the write-back waited
-		// fences it out.
+		// fences it out. m carries the attempts of each claim, so that the
+		// DELETE is still a plain join on m, which deletes (and locks) the
+		// leases in m's id order.
+		if many {
+			return fmt.Sprintf(`WITH m AS (SELECT o.id, a.attempts FROM %s o JOIN unnest($1::bigint[], $%d::integer[]) a (id, attempts) ON a.id = o.id
+    WHERE o.id %s AND o.status = 'pending' ORDER BY o.id FOR UPDATE OF o),
+l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 AND x.attempts = m.attempts RETURNING %s)
+`, t, n, ids, leases, returning)
+		}
 		return fmt.Sprintf(`WITH m AS (SELECT id FROM %s WHERE id %s AND status = 'pending' ORDER BY id FOR UPDATE),
 l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 AND %s RETURNING %s)
 `, t, ids, leases, claim, returning)
-	}
-	// claimOf and claimsOf fence a write-back on the attempts its claims
-	// returned: parameter $n holds the attempts of the record $1, or of
-	// each record of $1, in the same order.
-	claimOf := func(n int) string { return fmt.Sprintf("x.attempts = $%d", n) }
-	claimsOf := func(n int) string {
-		return fmt.Sprintf("(x.id, x.attempts) IN (SELECT * FROM unnest($1::bigint[], $%d::integer[]))", n)
 	}
 	// An ack deletes the outbox row and records the delivery in the narrow
 	// delivered table: an UPDATE to status 'delivered' wrote a new version of
@@ -334,15 +342,15 @@ l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 AND %s RET
 	// claim and ack of 1000 rows took, against about 6 now (BenchmarkClaimAck).
 	// The delivered table keeps what Stats, Purge and an audit need, without
 	// the payload; the outbox table holds only pending and dead rows.
-	ack := fenced("= ANY($1)", claimsOf(3), "x.id, x.attempts", false) + fmt.Sprintf(`, d AS (
+	ack := fenced("= ANY($1)", 3, "x.id, x.attempts", false) + fmt.Sprintf(`, d AS (
     DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error)
 INSERT INTO %s (id, uuid, topic, key, created_at, delivered_at, attempts, last_error)
 SELECT d.id, d.uuid, d.topic, d.key, d.created_at, now(), d.attempts, d.last_error FROM d`, t, delivered)
 	if deleteOnAck {
-		ack = fenced("= ANY($1)", claimsOf(3), "x.id", false) + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
+		ack = fenced("= ANY($1)", 3, "x.id", false) + fmt.Sprintf(`DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	}
-	deadLetter := fenced("= $1", claimOf(4), "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
+	deadLetter := fenced("= $1", 4, "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	sweepDead := ""
 	if holdDead {
@@ -352,12 +360,12 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t)
 	// A nacked or released row due later waits in the retry index.
 	nackSet := `attempts = l.attempts, last_error = $3, due_at = $4,
     hold = CASE WHEN $4::timestamptz > clock_timestamp() THEN 'retry' END`
-	nack := fenced("= $1", claimOf(5), "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s
+	nack := fenced("= $1", 5, "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, nackSet)
 	parkMore := "" // strict ordering only
 	releaseSet := `attempts = GREATEST(l.attempts - 1, 0), due_at = $3,
     hold = CASE WHEN $3::timestamptz > clock_timestamp() THEN 'retry'`
-	release := fenced("= ANY($1)", claimsOf(4), "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s END
+	release := fenced("= ANY($1)", 4, "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s END
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
 	if strict {
 		// A nack that holds its key (a retry later, or a failure that
@@ -399,7 +407,7 @@ FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet)
         FOR UPDATE SKIP LOCKED)))
 SELECT (SELECT count(*) FROM x WHERE x.hold IS NULL), (SELECT COALESCE(max(x.id), 0) FROM x), %[2]s, (SELECT COALESCE(min(x.key), '') FROM x)`, t, from)
 		}
-		nack = fenced("= $1", claimOf(5), "x.id, x.attempts", false) + fmt.Sprintf(`, n AS (
+		nack = fenced("= $1", 5, "x.id, x.attempts", false) + fmt.Sprintf(`, n AS (
     UPDATE %[1]s o SET %[5]s
     FROM l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.key, o.hold),
@@ -422,12 +430,12 @@ x AS (
 %[4]s`, t, parkChunk, headHolds, parkRows("(SELECT holds FROM hd)"), afterLastLease("$2::bigint", "$1"))
 		// Released rows behind a held record are parked at once, unless a
 		// later record of their key is still leased (see held).
-		release = fenced("= ANY($1)", claimsOf(4), "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s
+		release = fenced("= ANY($1)", 4, "x.id, x.attempts", false) + fmt.Sprintf(`UPDATE %s o SET %s WHEN o.key <> '' AND %s
         AND NOT EXISTS (SELECT 1 FROM %s y WHERE y.id > o.id AND y.key = o.key AND y.id NOT IN (SELECT l.id FROM l)) THEN 'behind' END
 FROM l WHERE o.id = l.id AND o.status = 'pending'`, t, releaseSet, held("o", true), leases)
 		// A delivered record sets free the rows parked behind it, and so
 		// does a dead one unless dead records hold their key.
-		ack = fenced("= ANY($1)", claimsOf(3), "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
+		ack = fenced("= ANY($1)", 3, "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
     DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending'
     RETURNING o.id, o.uuid, o.topic, o.key, o.created_at, l.attempts, o.last_error),
 i AS (
@@ -436,12 +444,12 @@ i AS (
 %s
 %s`, t, delivered, unparkLock, unparkSet)
 		if deleteOnAck {
-			ack = fenced("= ANY($1)", claimsOf(3), "x.id", true) + fmt.Sprintf(`, d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key),
+			ack = fenced("= ANY($1)", 3, "x.id", true) + fmt.Sprintf(`, d AS (DELETE FROM %s o USING l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key),
 %s
 %s`, t, unparkLock, unparkSet)
 		}
 		if !holdDead {
-			deadLetter = fenced("= $1", claimOf(4), "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
+			deadLetter = fenced("= $1", 4, "x.id, x.attempts", true) + fmt.Sprintf(`, d AS (
     UPDATE %s o SET status = 'dead', attempts = l.attempts, last_error = $3, dead_at = now()
     FROM l WHERE o.id = l.id AND o.status = 'pending' RETURNING o.id, o.key),
 %s

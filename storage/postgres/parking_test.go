@@ -482,12 +482,12 @@ func TestHoldWritesFindRowsByPrimaryKey(t *testing.T) {
 	}
 	for name, p := range map[string]planNode{
 		"wake":       plan(s.q.plan, s.q.wake),
-		"ack":        plan(s.q.writePlan, s.q.ack, []int64{1, 2, 3}, "w"),
+		"ack":        plan(s.q.writePlan, s.q.ack, []int64{1, 2, 3}, "w", []int{1, 1, 1}),
 		"sweep":      plan(s.q.plan, s.q.sweep),
 		"claim":      plan(s.q.plan, s.q.claim, claimArgs(s, 100, "w", 1)...),
-		"nack":       plan(s.q.writePlan, s.q.nack, int64(1), "w", "boom", time.Now().Add(time.Minute)),
+		"nack":       plan(s.q.writePlan, s.q.nack, int64(1), "w", "boom", time.Now().Add(time.Minute), 1),
 		"more":       plan(s.q.writePlan, s.q.parkMore, "k1", int64(1), int64(1)),
-		"deadLetter": plan(s.q.writePlan, s.q.deadLetter, int64(1), "w", "boom"),
+		"deadLetter": plan(s.q.writePlan, s.q.deadLetter, int64(1), "w", "boom", 1),
 		"skip":       plan(s.q.writePlan, s.skipStatement(), int64(21), "why"),
 		"redrive":    plan(s.q.writePlan, redrive, redriveArgs...),
 	} {

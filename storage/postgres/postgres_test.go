@@ -1720,7 +1720,7 @@ func TestClaimNotDrainedWhenItCannotTell(t *testing.T) {
 			done <- result{idsOf(got), drained}
 		}()
 		waitingFor(t, s, backendPID(t, late), "the claim's takeover of the lease of m", done)
-		_, err = late.Exec(ctx, s.q.ack, []int64{m}, "w")
+		_, err = late.Exec(ctx, s.q.ack, []int64{m}, "w", []int{1}) // the lease inserted above: attempts 1
 		must(t, err)
 		must(t, late.Commit(ctx))
 		if r := <-done; !slices.Equal(r.ids, []int64{other}) || r.drained {
