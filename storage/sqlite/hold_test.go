@@ -209,7 +209,7 @@ func TestClaimPlans(t *testing.T) {
 	t.Parallel()
 	s := newTestStorage(t, Config{HoldOnDeadLetter: true, VisibilityDelay: time.Second})
 	plan := func(query string) string {
-		rows, err := s.db.Query("EXPLAIN QUERY PLAN "+query, 1, 2, 3, 4, 5, sql.Named("now", 1), sql.Named("limit", 1))
+		rows, err := s.db.Query("EXPLAIN QUERY PLAN "+query, 1, 2, 3, 4, 5, sql.Named("now", 1), sql.Named("limit", 1), sql.Named("attempt", 1))
 		if err != nil {
 			t.Fatal(err)
 		}
