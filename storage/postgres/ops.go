@@ -255,19 +255,26 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 	// out, go to the row. ids selects the records by $1, one id or an array;
 	// parameter $n holds the attempts their claims returned (an array in
 	// the order of $1's).
+	//
+	// Many records are matched by a join on the pairs (id, attempts), so
+	// that each pair finds its lease through the primary key: a condition
+	// (x.id, x.attempts) IN (SELECT ... unnest) was planned as a nested
+	// loop that compared every lease with every pair (Extend of 5,000
+	// leases: 2.2 s).
 	fenced := func(ids string, n int, returning string, locked bool) string {
 		many := ids != "= $1"
-		claim := fmt.Sprintf("x.attempts = $%d", n)
-		if many {
-			claim = fmt.Sprintf("(x.id, x.attempts) IN (SELECT * FROM unnest($1::bigint[], $%d::integer[]))", n)
-		}
+		pairs := fmt.Sprintf("unnest($1::bigint[], $%d::integer[]) a (id, attempts)", n)
 		if strict && locked {
 			// An ack, and a dead-letter that sets free, lock their leases
 			// in id order in a statement of their own before this one (see
 			// lockLeases): they are its rows already, and the DELETE waits
 			// for none.
-			return fmt.Sprintf(`WITH l AS (DELETE FROM %[1]s x WHERE x.id %[2]s AND x.leased_by = $2 AND %[4]s RETURNING %[3]s)
-`, leases, ids, returning, claim)
+			if many {
+				return fmt.Sprintf(`WITH l AS (DELETE FROM %[1]s x USING %[2]s WHERE x.id = a.id AND x.attempts = a.attempts AND x.leased_by = $2 RETURNING %[3]s)
+`, leases, pairs, returning)
+			}
+			return fmt.Sprintf(`WITH l AS (DELETE FROM %[1]s x WHERE x.id = $1 AND x.leased_by = $2 AND x.attempts = $%[3]d RETURNING %[2]s)
+`, leases, returning, n)
 		}
 		if strict {
 			// Strict claims hand out rows without locking them (the
@@ -310,9 +317,13 @@ func buildQueries(t, leases, workers, delivered string, strict bool, visibility 
 			// Nack and release also take the advisory lock (writeBack); an
 			// ack and a dead-letter do not need it (a delivered or dead row
 			// holds nothing back).
-			return fmt.Sprintf(`WITH k AS MATERIALIZED (SELECT x.id FROM %[1]s x WHERE x.id %[2]s AND x.leased_by = $2 AND %[4]s ORDER BY x.id FOR UPDATE),
+			k := fmt.Sprintf("SELECT x.id FROM %s x WHERE x.id = $1 AND x.leased_by = $2 AND x.attempts = $%d", leases, n)
+			if many {
+				k = fmt.Sprintf("SELECT x.id FROM %s x JOIN %s ON x.id = a.id AND x.attempts = a.attempts WHERE x.leased_by = $2", leases, pairs)
+			}
+			return fmt.Sprintf(`WITH k AS MATERIALIZED (%[2]s ORDER BY x.id FOR UPDATE OF x),
 l AS (DELETE FROM %[1]s x WHERE x.id = ANY(ARRAY(SELECT k.id FROM k)) AND x.leased_by = $2 RETURNING %[3]s)
-`, leases, ids, returning, claim)
+`, leases, k, returning)
 		}
 		// Claims without strict ordering run side by side and lock their
 		// outbox rows (FOR UPDATE SKIP LOCKED) before leasing them, so a
@@ -325,14 +336,14 @@ l AS (DELETE FROM %[1]s x WHERE x.id = ANY(ARRAY(SELECT k.id FROM k)) AND x.leas
 		// DELETE is still a plain join on m, which deletes (and locks) the
 		// leases in m's id order.
 		if many {
-			return fmt.Sprintf(`WITH m AS (SELECT o.id, a.attempts FROM %s o JOIN unnest($1::bigint[], $%d::integer[]) a (id, attempts) ON a.id = o.id
-    WHERE o.id %s AND o.status = 'pending' ORDER BY o.id FOR UPDATE OF o),
+			return fmt.Sprintf(`WITH m AS (SELECT o.id, a.attempts FROM %s o JOIN %s ON a.id = o.id
+    WHERE o.status = 'pending' ORDER BY o.id FOR UPDATE OF o),
 l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 AND x.attempts = m.attempts RETURNING %s)
-`, t, n, ids, leases, returning)
+`, t, pairs, leases, returning)
 		}
-		return fmt.Sprintf(`WITH m AS (SELECT id FROM %s WHERE id %s AND status = 'pending' ORDER BY id FOR UPDATE),
-l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 AND %s RETURNING %s)
-`, t, ids, leases, claim, returning)
+		return fmt.Sprintf(`WITH m AS (SELECT id FROM %s WHERE id = $1 AND status = 'pending' ORDER BY id FOR UPDATE),
+l AS (DELETE FROM %s x USING m WHERE x.id = m.id AND x.leased_by = $2 AND x.attempts = $%d RETURNING %s)
+`, t, leases, n, returning)
 	}
 	// An ack deletes the outbox row and records the delivery in the narrow
 	// delivered table: an UPDATE to status 'delivered' wrote a new version of
@@ -915,11 +926,15 @@ SELECT %s
 UPDATE %[1]s SET hold = NULL WHERE id = ANY(ARRAY(
     SELECT id FROM %[1]s WHERE status = 'pending' AND hold = 'retry' AND due_at <= (SELECT clock_timestamp())
     ORDER BY due_at LIMIT 10000 FOR UPDATE SKIP LOCKED))%[4]s`, t, adopted, wakeOpen, wakeClose)
-	extendOutbox, extendIDs := "", "$1" // see extend
+	// The pairs (id, attempts) Extend's leases are matched on (see fenced):
+	// without strict ordering, those of pending rows, whose outbox rows m
+	// locks first (see extend).
+	extendPairs := "unnest($1::bigint[], $4::integer[]) a (id, attempts)"
+	extendOutbox := ""
 	if !strict {
-		extendIDs = "ARRAY(SELECT m.id FROM m)"
 		extendOutbox = fmt.Sprintf(`
-m AS MATERIALIZED (SELECT o.id FROM %s o WHERE o.id = ANY($1) AND o.status = 'pending' ORDER BY o.id FOR UPDATE),`, t)
+m AS MATERIALIZED (SELECT o.id, a.attempts FROM %s o JOIN %s ON a.id = o.id WHERE o.status = 'pending' ORDER BY o.id FOR UPDATE OF o),`, t, extendPairs)
+		extendPairs = "m a"
 	}
 	// The settings of a claim's transaction (see plan below) and of a
 	// write-back's, and the claim lock that planLock and writePlanLock add.
@@ -1100,12 +1115,12 @@ sl AS MATERIALIZED (
 		// outbox row they share and never hold lease rows the other wants.
 		extend: fmt.Sprintf(`WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t),%[2]s
 k AS MATERIALIZED (
-    SELECT x.id FROM %[1]s x WHERE x.id = ANY(%[3]s) AND x.leased_by = $2 AND x.leased_until > (SELECT t FROM n)
-      AND (x.id, x.attempts) IN (SELECT * FROM unnest($1::bigint[], $4::integer[]))
-    ORDER BY x.id FOR UPDATE)
+    SELECT x.id FROM %[1]s x JOIN %[3]s ON x.id = a.id AND x.attempts = a.attempts
+    WHERE x.leased_by = $2 AND x.leased_until > (SELECT t FROM n)
+    ORDER BY x.id FOR UPDATE OF x)
 UPDATE %[1]s x SET leased_until = (SELECT t FROM n) + $3::bigint * interval '1 microsecond'
 WHERE x.id = ANY(ARRAY(SELECT k.id FROM k)) AND x.leased_by = $2 AND x.leased_until > (SELECT t FROM n)
-RETURNING x.id`, leases, extendOutbox, extendIDs),
+RETURNING x.id`, leases, extendOutbox, extendPairs),
 
 		leave: fmt.Sprintf("DELETE FROM %s WHERE worker_id = $1", workers),
 		join: fmt.Sprintf(`INSERT INTO %s (worker_id, seen_until) VALUES ($1, clock_timestamp() + interval '%d microseconds')
