@@ -25,5 +25,6 @@
 //     database's clock.
 //
 // The root package never imports a database driver: storages live in
-// storage/postgres, storage/sqlite and storage/memory.
+// storage/postgres, storage/mysql (MySQL and MariaDB), storage/sqlite and
+// storage/memory.
 package txoutbox
