@@ -21,6 +21,7 @@ var programs = []struct {
 }{
 	{"quickstart", nil, nil},
 	{"metrics", []string{"-once", "-addr", "127.0.0.1:0"}, nil},
+	{"postgres", nil, []string{postgres, rabbitmq}},
 	{"kafka", nil, []string{postgres}}, // Kafka runs in process (kfake)
 	{"amqp", nil, []string{postgres, rabbitmq}},
 	{"nats", nil, []string{postgres, nats}},
