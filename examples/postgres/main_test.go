@@ -74,40 +74,6 @@ func TestPostgresExample(t *testing.T) {
 	}
 }
 
-// TestReadmeQuotesExample checks that the README's PostgreSQL quick start is
-// this file's code, character for character.
-func TestReadmeQuotesExample(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	source, err := os.ReadFile("main.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const marker = "<!-- quoted from examples/postgres/main.go -->\n```go\n"
-	text := string(readme)
-	n := 0
-	for {
-		i := strings.Index(text, marker)
-		if i < 0 {
-			break
-		}
-		text = text[i+len(marker):]
-		end := strings.Index(text, "```")
-		if end < 0 {
-			t.Fatal("README: a quoted block has no closing fence")
-		}
-		n++
-		if block := text[:end]; !bytes.Contains(source, []byte(block)) {
-			t.Errorf("README's quoted block %d is not in examples/postgres/main.go as written:\n%s", n, block)
-		}
-	}
-	if n == 0 {
-		t.Fatalf("README quotes nothing from examples/postgres/main.go (no %q)", strings.TrimSpace(marker))
-	}
-}
-
 // need skips (or, with CI=true, fails) when PostgreSQL or RabbitMQ is not
 // listening.
 func need(t *testing.T, databaseURL, amqpURL string) {
