@@ -31,8 +31,10 @@ type candidate struct {
 
 // Claim implements [storage.Storage]. It runs in one READ COMMITTED
 // transaction whose locking reads skip locked rows, run again at once if
-// InnoDB rolls it back as a deadlock victim. See the package documentation
-// for the steps.
+// InnoDB rolls it back as a deadlock victim. docs/design.md describes the
+// steps.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 {
 		return nil, fmt.Errorf("claim outbox rows: batch size %d and lease %s must be > 0", p.BatchSize, p.Lease)
@@ -43,7 +45,7 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	var out []storage.Record
 	var err error
 	// A claim InnoDB rolled back as a deadlock victim runs again at once
-	// (see the package documentation, Locks and deadlocks), counted.
+	// (see docs/design.md, Locks and deadlocks), counted.
 	for attempt := 1; ; attempt++ {
 		err = s.tryTx(ctx, func(tx *sql.Tx) error {
 			var err error

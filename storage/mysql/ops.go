@@ -183,6 +183,8 @@ func (s *Storage) lowestPending(ctx context.Context, tx *sql.Tx, acked []int64, 
 // Ack implements [storage.Storage]: the rows leased by the worker are marked
 // delivered (deleted with [Config.DeleteOnAck]) and the next row of each of
 // their keys is unparked, in one transaction.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 	if len(p.Records) == 0 {
 		return nil
@@ -209,6 +211,8 @@ func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 
 // Nack implements [storage.Storage]. One fenced statement; parking is not
 // changed (the row stays the lowest pending row of its key).
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 	var b strings.Builder
 	b.WriteString("UPDATE " + s.table + " SET leased_by = NULL, leased_until = NULL, due_at = " + timeLit(p.RetryAt) + ", last_error = ")
@@ -223,6 +227,8 @@ func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 
 // Release implements [storage.Storage]. One fenced statement; parking is not
 // changed.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 	if len(p.Records) == 0 {
 		return nil
@@ -241,6 +247,8 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 // DeadLetter implements [storage.Storage]: the row becomes dead and, unless
 // [Config.HoldOnDeadLetter] is set, the next row of its key is unparked, in
 // one transaction.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		owned, keys, reps, err := s.lockOwned(ctx, tx, []storage.ClaimRef{p.Record}, p.WorkerID, "")
@@ -268,6 +276,8 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 
 // Extend implements [storage.Storage]: live leases of the worker are pushed
 // to now+params.Lease.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, error) {
 	if len(p.Records) == 0 {
 		return nil, nil

@@ -1130,6 +1130,8 @@ ON CONFLICT (worker_id) DO UPDATE SET seen_until = GREATEST(%[1]s.seen_until, ex
 
 // Claim implements [storage.Storage]: [Storage.ClaimDrained] without its
 // report.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
 	recs, _, err := s.ClaimDrained(ctx, p)
 	return recs, err
@@ -1144,6 +1146,8 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 // HoldOnDeadLetter) and no takeover was lost; never with strict ordering
 // and CommitFence. A forwarder that claims while records are held does
 // not pace its claims.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) ClaimDrained(ctx context.Context, p storage.ClaimParams) (_ []storage.Record, drained bool, err error) {
 	if p.BatchSize <= 0 || p.Lease <= 0 || p.WorkerID == "" {
 		return nil, false, fmt.Errorf("claim outbox rows: need BatchSize > 0, Lease > 0 and a WorkerID (got %d, %s, %q)", p.BatchSize, p.Lease, p.WorkerID)
@@ -1260,6 +1264,8 @@ func (s *Storage) sweepDue() bool {
 }
 
 // Ack implements [storage.Storage]: the whole batch in one statement.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Ack(ctx context.Context, p storage.AckParams) error {
 	if len(p.Records) == 0 {
 		return nil
@@ -1287,6 +1293,8 @@ func (s *Storage) setFree(ctx context.Context, ids []int64, worker, sql string, 
 }
 
 // Nack implements [storage.Storage].
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Nack(ctx context.Context, p storage.NackParams) error {
 	if s.config.DisableStrictOrdering {
 		if err := s.writeBack(ctx, s.q.nack, p.Record.ID, p.WorkerID, p.Error, p.RetryAt, p.Record.Attempt); err != nil {
@@ -1322,6 +1330,8 @@ func (s *Storage) park(ctx context.Context, sql string, args ...any) (found, las
 }
 
 // Release implements [storage.Storage].
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 	if len(p.Records) == 0 {
 		return nil
@@ -1336,6 +1346,8 @@ func (s *Storage) Release(ctx context.Context, p storage.ReleaseParams) error {
 }
 
 // DeadLetter implements [storage.Storage].
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) error {
 	// Without HoldOnDeadLetter no advisory lock: a dead row holds nothing
 	// back, so a claim running meanwhile may hand out the next row of its
@@ -1358,6 +1370,8 @@ func (s *Storage) DeadLetter(ctx context.Context, p storage.DeadLetterParams) er
 }
 
 // Extend implements [storage.Storage].
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, error) {
 	if p.Lease <= 0 {
 		return nil, fmt.Errorf("extend outbox leases in %s: Lease must be > 0, got %s", s.table, p.Lease)
@@ -1437,6 +1451,8 @@ func (s *Storage) writeBatch(lock bool, sql string, args ...any) *pgx.Batch {
 // from their next claim on. A claim joins too; the forwarder calls Join when
 // Run starts, so that forwarders started together do not all claim from
 // every slot at first.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Join(ctx context.Context, workerID string) error {
 	if s.config.DisableStrictOrdering {
 		return nil // without strict ordering there are no key slots to share
@@ -1451,6 +1467,8 @@ func (s *Storage) Join(ctx context.Context, workerID string) error {
 // claimer at once, so the other workers share its key slots from their next
 // claim on instead of after memberTTL. The forwarder calls it when Run
 // returns.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Leave(ctx context.Context, workerID string) error {
 	if s.config.DisableStrictOrdering {
 		return nil

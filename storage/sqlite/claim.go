@@ -163,6 +163,8 @@ const returned = `id, uuid, topic, "key", payload, metadata, attempts, created_a
 // not set aside in id order, then take the records queued right behind the
 // keys it took (see takeAlong); each claimed record is leased and its
 // attempt counted.
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]storage.Record, error) {
 	switch {
 	case params.BatchSize <= 0:
@@ -356,6 +358,8 @@ func scanRecords(rows *sql.Rows, capacity int, records []storage.Record) (_ []st
 }
 
 // Ack implements [storage.Storage].
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Ack(ctx context.Context, params storage.AckParams) error {
 	if len(params.Records) == 0 || params.WorkerID == "" {
 		return nil
@@ -367,6 +371,8 @@ func (s *Storage) Ack(ctx context.Context, params storage.AckParams) error {
 }
 
 // Nack implements [storage.Storage].
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Nack(ctx context.Context, params storage.NackParams) error {
 	if params.WorkerID == "" {
 		return nil
@@ -379,6 +385,8 @@ func (s *Storage) Nack(ctx context.Context, params storage.NackParams) error {
 }
 
 // Release implements [storage.Storage].
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Release(ctx context.Context, params storage.ReleaseParams) error {
 	if len(params.Records) == 0 || params.WorkerID == "" {
 		return nil
@@ -391,6 +399,8 @@ func (s *Storage) Release(ctx context.Context, params storage.ReleaseParams) err
 }
 
 // DeadLetter implements [storage.Storage].
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) DeadLetter(ctx context.Context, params storage.DeadLetterParams) error {
 	if params.WorkerID == "" {
 		return nil
@@ -403,6 +413,8 @@ func (s *Storage) DeadLetter(ctx context.Context, params storage.DeadLetterParam
 }
 
 // Extend implements [storage.Storage].
+//
+// The forwarder calls it (the relay protocol); an application does not.
 func (s *Storage) Extend(ctx context.Context, params storage.ExtendParams) ([]int64, error) {
 	if params.Lease <= 0 {
 		return nil, fmt.Errorf("extend outbox leases: Lease must be > 0, got %s", params.Lease)
