@@ -50,5 +50,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	go forwarder.Run(ctx)
+	if err := forwarder.Run(ctx); err != nil { // until ctx is cancelled
+		log.Fatal(err)
+	}
 }

@@ -36,7 +36,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -139,6 +138,7 @@ func (s *Storage) InsertIDs(ctx context.Context, tx any, records []storage.Recor
 	if err != nil {
 		return nil, fmt.Errorf("ownstorage: insert: %w", err)
 	}
+	defer rows.Close()
 	ids, err := scanIDs(rows)
 	if err != nil {
 		return nil, fmt.Errorf("ownstorage: insert: %w", err)
@@ -181,12 +181,12 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 	if err != nil {
 		return nil, fmt.Errorf("ownstorage: claim: %w", err)
 	}
+	defer rows.Close()
 	var records []storage.Record
 	for rows.Next() {
 		var r storage.Record
 		var headers string
 		if err := rows.Scan(&r.ID, &r.UUID, &r.Topic, &r.Key, &r.Payload, &headers, &r.Attempts, &r.CreatedAt); err != nil {
-			rows.Close()
 			return nil, fmt.Errorf("ownstorage: claim: %w", err)
 		}
 		if err := json.Unmarshal([]byte(headers), &r.Metadata); err != nil {
@@ -208,7 +208,7 @@ func (s *Storage) Claim(ctx context.Context, params storage.ClaimParams) ([]stor
 // in $1 (ids) and $2 (attempts), still leased to the worker in $3 by that
 // claim. The rows are locked in id order, as Claim locks them.
 func (s *Storage) fenced() string {
-	return fmt.Sprintf(`o.event_id IN (SELECT c.event_id FROM %s c JOIN unnest($1::bigint[], $2::integer[]) AS r(id, attempt)
+	return fmt.Sprintf(`o.event_id IN (SELECT c.event_id FROM %s c JOIN unnest($1::bigint[], $2::bigint[]) AS r(id, attempt)
 		ON c.event_id = r.id AND c.tries = r.attempt
 		WHERE c.state = 'NEW' AND c.locked_by = $3 ORDER BY c.event_id FOR UPDATE OF c)`, s.table)
 }
@@ -267,6 +267,7 @@ func (s *Storage) Extend(ctx context.Context, params storage.ExtendParams) ([]in
 	if err != nil {
 		return nil, fmt.Errorf("ownstorage: extend: %w", err)
 	}
+	defer rows.Close()
 	extended, err := scanIDs(rows)
 	if err != nil {
 		return nil, fmt.Errorf("ownstorage: extend: %w", err)
@@ -274,10 +275,10 @@ func (s *Storage) Extend(ctx context.Context, params storage.ExtendParams) ([]in
 	return extended, nil
 }
 
-func splitRefs(refs []storage.ClaimRef) (ids []int64, attempts []int32) {
+func splitRefs(refs []storage.ClaimRef) (ids, attempts []int64) {
 	for _, r := range refs {
 		ids = append(ids, r.ID)
-		attempts = append(attempts, int32(r.Attempt))
+		attempts = append(attempts, int64(r.Attempt))
 	}
 	return ids, attempts
 }
@@ -291,7 +292,6 @@ func dueAt(t time.Time) any {
 }
 
 func scanIDs(rows *sql.Rows) ([]int64, error) {
-	defer rows.Close()
 	var ids []int64
 	for rows.Next() {
 		var id int64
@@ -300,5 +300,5 @@ func scanIDs(rows *sql.Rows) ([]int64, error) {
 		}
 		ids = append(ids, id)
 	}
-	return ids, errors.Join(rows.Err(), rows.Close())
+	return ids, rows.Err()
 }
