@@ -28,7 +28,8 @@
 // action is a POST that must pass Go's [http.CrossOriginProtection] and
 // carry a token bound to a per-browser session cookie (an HMAC under the
 // handler's key). Lists are paged with the storage's own limits, and a
-// payload over Config.PayloadLimit is cut, with a download link. A value
+// payload over Config.PayloadLimit is cut, with a download link; JSON is
+// indented only when that keeps it within a few times its size. A value
 // that is not text (a NUL, bytes that are not UTF-8) is a 400, and every
 // text field it logs has its control characters escaped, so nothing a
 // producer stored or a request sent can forge a log line.

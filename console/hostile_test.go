@@ -112,3 +112,48 @@ func TestFilterNotText(t *testing.T) {
 		})
 	}
 }
+
+// hostileJSON are JSON payloads whose indented form is many times their
+// size: indenting grows with the nesting depth on every line.
+var hostileJSON = map[string]string{
+	"nested arrays":  strings.Repeat("[", 9000) + strings.Repeat("]", 9000),
+	"nested objects": strings.Repeat(`{"a":`, 3000) + "1" + strings.Repeat("}", 3000),
+	"wide and deep":  strings.Repeat("[", 60) + strings.Repeat("1,", 9000) + "1" + strings.Repeat("]", 60),
+}
+
+// TestPayloadViewBounded shows JSON payloads built to blow up when
+// indented: the record page stays within a constant factor of the
+// payload's size and shows the payload as the text it is.
+func TestPayloadViewBounded(t *testing.T) {
+	for name, p := range hostileJSON {
+		v := viewPayload([]byte(p), PayloadLimitDefault)
+		if len(v.Text) > maxIndentGrowth*len(p)+maxIndentSlack {
+			t.Errorf("%s: %d-byte payload shown as %d bytes of %s", name, len(p), len(v.Text), v.Kind)
+		}
+		if v.Kind != "text" || v.Text != p {
+			t.Errorf("%s: shown as %s, want the payload as text", name, v.Kind)
+		}
+	}
+	// Moderately nested JSON is still indented.
+	ordinary := `{"order":{"lines":[{"sku":"a","qty":1},{"sku":"b","qty":2}],"customer":{"id":7}}}`
+	if v := viewPayload([]byte(ordinary), PayloadLimitDefault); v.Kind != "json" || !strings.Contains(v.Text, "\n      {\n        \"sku\": \"a\",") {
+		t.Errorf("ordinary JSON shown as %s:\n%s", v.Kind, v.Text)
+	}
+	for _, sd := range seeders {
+		t.Run(sd.name, func(t *testing.T) {
+			var recs []deadRec
+			for _, p := range hostileJSON {
+				recs = append(recs, deadRec{topic: "t", payload: p, dead: true, err: "e"})
+			}
+			base, ids := sd.seed(t, recs...)
+			h := newHandler(t, base, Config{})
+			for i, id := range ids {
+				res, body := get(t, h, "GET", fmt.Sprintf("/records/%d", id))
+				// HTML escaping writes a quote as 5 bytes; the page around it is a few KiB.
+				if p := recs[i].payload; res.StatusCode != 200 || len(body) > 5*len(p)+64<<10 {
+					t.Errorf("GET /records/%d of a %d-byte payload: %d, %d bytes", id, len(p), res.StatusCode, len(body))
+				}
+			}
+		})
+	}
+}

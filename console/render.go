@@ -157,8 +157,9 @@ type payloadView struct {
 	Truncated bool
 }
 
-// viewPayload formats p for display: indented JSON when it is JSON, text
-// when it is printable UTF-8, a hex dump otherwise; cut at limit bytes.
+// viewPayload formats p for display: indented JSON when it is JSON whose
+// indented form stays small (see maxIndentGrowth), text when it is printable
+// UTF-8, a hex dump otherwise; cut at limit bytes.
 func viewPayload(p []byte, limit int) payloadView {
 	v := payloadView{Size: len(p), Shown: len(p)}
 	if len(p) == 0 {
@@ -176,7 +177,7 @@ func viewPayload(p []byte, limit int) payloadView {
 			cut = p[:limit]
 		}
 		p, v.Shown = cut, len(cut)
-	} else if json.Valid(p) {
+	} else if json.Valid(p) && indentsWithin(p, maxIndentGrowth*len(p)+maxIndentSlack) {
 		var buf bytes.Buffer
 		if json.Indent(&buf, p, "", "  ") == nil {
 			v.Kind, v.Text = "json", buf.String()
@@ -189,6 +190,54 @@ func viewPayload(p []byte, limit int) payloadView {
 	}
 	v.Kind, v.Text = "hex", hex.Dump(p)
 	return v
+}
+
+// A JSON payload is indented only when its indented form is at most
+// maxIndentGrowth times its size plus maxIndentSlack bytes: indenting
+// deeply nested JSON grows it quadratically (every level indents every line
+// below it), so a few kilobytes of brackets would take hundreds of
+// megabytes. Larger forms are shown as the text they are.
+const (
+	maxIndentGrowth = 4
+	maxIndentSlack  = 4 << 10
+)
+
+// indentsWithin reports whether json.Indent(p, "", "  ") of valid JSON p
+// takes at most limit bytes, by an upper bound counted in one pass: each
+// bracket and comma may start a new line indented two spaces per open
+// bracket, each colon gains a space.
+func indentsWithin(p []byte, limit int) bool {
+	n, depth, inString := len(p), 0, false
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '{', '[':
+			depth++
+			n += 1 + 2*depth
+		case '}', ']':
+			depth--
+			n += 1 + 2*depth
+		case ',':
+			n += 1 + 2*depth
+		case ':':
+			n++
+		}
+		if n > limit {
+			return false
+		}
+	}
+	return true
 }
 
 func printable(p []byte) bool {
