@@ -238,6 +238,10 @@ var (
 	// ErrInvalidRedrive is returned by Maintainer.Redrive for RedriveParams
 	// that do not select exactly one way.
 	ErrInvalidRedrive = errors.New("invalid redrive parameters")
+	// ErrNotOutboxTable is returned by a SQL storage's Migrate when a table
+	// of the name it would create exists without the columns of an outbox
+	// table (another application's table); nothing is created or recorded.
+	ErrNotOutboxTable = errors.New("not an outbox table")
 )
 
 // RedriveParams select dead-lettered records to put back to pending with

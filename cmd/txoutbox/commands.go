@@ -428,7 +428,7 @@ var cmdMigrateSQL = &command{
 				m = migs[len(migs)-1-i]
 				text = m.Down
 				if text == "" {
-					text = "-- no down step: reverting it would lose records\n"
+					text = noDownStep
 				}
 			}
 			fmt.Fprintf(e.out, "-- txoutbox migration %d: %s\n%s\n", m.Version, m.Name, text)
@@ -436,6 +436,10 @@ var cmdMigrateSQL = &command{
 		return nil
 	},
 }
+
+// noDownStep stands for a step without a down: reverting it would lose
+// records, or a later step has none (a down runs only from the latest step).
+const noDownStep = "-- no down step: reverting it would lose records, or a later step has none\n"
 
 // migrationsFor returns the steps for the URL's storage without opening
 // the database.
@@ -504,7 +508,7 @@ func writeMigrationFiles(e *env, migs []storage.Migration, dir, format string) e
 			if err = write(base+".up.sql", m.Up); err == nil {
 				down := m.Down
 				if down == "" {
-					down = "-- no down step: reverting it would lose records\n"
+					down = noDownStep
 				}
 				err = write(base+".down.sql", down)
 			}

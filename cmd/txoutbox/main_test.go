@@ -469,7 +469,7 @@ func TestMigrate(t *testing.T) {
 		case "postgres":
 			r = txoutbox(t, scheme, "migrate", "sql", "--table", "app.events", "--notify-channel", "wake")
 			r.want(t, 0, `CREATE TABLE IF NOT EXISTS "app"."events"`, `"app"."events_leases"`, "-- txoutbox migration 2", "pg_notify('wake'")
-			txoutbox(t, scheme, "migrate", "sql", "--down").want(t, 0, `DROP INDEX IF EXISTS "outbox_failed_key_idx"`)
+			txoutbox(t, scheme, "migrate", "sql", "--down").want(t, 0, "-- no down step")
 		case "mysql":
 			r = txoutbox(t, scheme, "migrate", "sql", "--table", "events")
 			r.want(t, 0, "CREATE TABLE IF NOT EXISTS `events`", "CREATE TABLE IF NOT EXISTS `events_skipped`", "-- txoutbox migration 2")

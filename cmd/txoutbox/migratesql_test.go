@@ -285,3 +285,46 @@ func gooseStatements(t *testing.T, text string) []string {
 	}
 	return out
 }
+
+// TestMigrateUpRefusesAnotherTable: migrate up on a database where a table
+// of the outbox's name is another application's (other columns) refuses,
+// naming the columns it lacks, and records no version.
+func TestMigrateUpRefusesAnotherTable(t *testing.T) {
+	for _, kind := range []string{"postgres", "mysql", "sqlite"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			h := newHandMade(t, kind)
+			h.exec(t, "CREATE TABLE "+h.table+" (id BIGINT PRIMARY KEY, note TEXT)")
+			txoutbox(t, h.url, "migrate", "up", "--table", h.table).want(t, exitError, "exists but has no column uuid, topic,", "not an outbox table")
+			r := txoutbox(t, h.url, "migrate", "status", "--table", h.table, "--json")
+			var st struct {
+				Current int `json:"current_version"`
+			}
+			r.json(t, &st)
+			if st.Current != 0 {
+				t.Fatalf("after the refused migrate up the schema is at version %d, want 0", st.Current)
+			}
+		})
+	}
+}
+
+// TestMigrateSQLDownThenUp pipes `migrate sql --down` into psql, mariadb
+// and sqlite3 on a schema migrate up made, then runs migrate up: the
+// schema is whole again (doctor finds every index; the version says so).
+// A down step is given only where every later step has one, so the script
+// reverts from the latest step: it never reverts a middle step under
+// later ones still recorded, which migrate up could not see to repair.
+func TestMigrateSQLDownThenUp(t *testing.T) {
+	for _, kind := range []string{"postgres", "mysql", "sqlite"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			h := newHandMade(t, kind)
+			txoutbox(t, h.url, "migrate", "up", "--table", h.table).want(t, 0, "migrated from version 0")
+			r := txoutbox(t, h.url, "migrate", "sql", "--down", "--table", h.table)
+			r.want(t, 0)
+			h.client(t, r.stdout)
+			txoutbox(t, h.url, "migrate", "up", "--table", h.table).want(t, 0)
+			checkHandMade(t, h)
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package mysql
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -210,5 +211,32 @@ func TestMigrateRecreatesDroppedTable(t *testing.T) {
 	ids := insert(t, s, recs("a")...)
 	if got := claim(t, s, "w", 10, time.Minute); !slices.Equal(idsOf(got), ids) {
 		t.Fatalf("claimed %v from the table made again, want %v", idsOf(got), ids)
+	}
+}
+
+// TestMigrateRefusesAnotherTable: a table of the outbox's name without the
+// outbox's columns (or of the skipped table's name) is refused, naming
+// what it lacks, and nothing is created or recorded.
+func TestMigrateRefusesAnotherTable(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	for _, which := range []string{"outbox", "skipped"} {
+		name := newTable(t, db)
+		s, err := New(db, Config{Table: name})
+		must(t, err)
+		foreign := s.table
+		if which == "skipped" {
+			foreign = s.SkippedTable()
+		}
+		must(t, exec(t, s, "CREATE TABLE "+foreign+" (id BIGINT PRIMARY KEY, `key` TEXT, note TEXT)"))
+		err = s.Migrate(t.Context())
+		if !errors.Is(err, storage.ErrNotOutboxTable) || !strings.Contains(err.Error(), foreign+" exists but has no column uuid, topic,") {
+			t.Fatalf("Migrate with another %s table = %v, want ErrNotOutboxTable naming the missing columns", which, err)
+		}
+		var n int
+		must(t, db.QueryRowContext(t.Context(), "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE ?", name+"%").Scan(&n))
+		if n != 1 {
+			t.Fatalf("%d tables named after %s after the refused Migrate, want only the foreign one", n, name)
+		}
 	}
 }

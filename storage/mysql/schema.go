@@ -17,8 +17,9 @@ import (
 const SchemaLockTimeout = 30
 
 // The schema as numbered steps: NNN_name.up.sql, and NNN_name.down.sql where
-// reverting is safe; one statement each. {table} and {skipped} stand for the
-// quoted outbox and skipped tables.
+// reverting is safe and every later step has one (see migfiles.Load); one
+// statement each. {table} and {skipped} stand for the quoted outbox and
+// skipped tables.
 //
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
@@ -169,6 +170,10 @@ func (s *Storage) migrateSteps(ctx context.Context, target int) (applied []int, 
 		return nil, fmt.Errorf("another process held the schema lock %q for %ds", lock, SchemaLockTimeout)
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", lock) //nolint:errcheck // the lock also ends with the session
+	steps := loadSteps()
+	if err := s.checkTables(ctx, conn, steps); err != nil {
+		return nil, err
+	}
 	vt := s.MigrationTable()
 	if _, err := conn.ExecContext(ctx, s.versionTableSQL()); err != nil {
 		return nil, fmt.Errorf("create %s: %w", vt, err)
@@ -177,7 +182,6 @@ func (s *Storage) migrateSteps(ctx context.Context, target int) (applied []int, 
 	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM "+vt).Scan(&current); err != nil {
 		return nil, fmt.Errorf("read %s: %w", vt, err)
 	}
-	steps := loadSteps()
 	if current > len(steps) {
 		return nil, fmt.Errorf("database schema is at version %d, newer than this code's %d: upgrade txoutbox", current, len(steps))
 	}
@@ -206,6 +210,32 @@ func (s *Storage) migrateSteps(ctx context.Context, target int) (applied []int, 
 		applied = append(applied, st.Version)
 	}
 	return applied, nil
+}
+
+// checkTables refuses, before anything is written, a table of a name the
+// steps create that lacks a column they declare: another application's
+// table, which CREATE TABLE IF NOT EXISTS would keep and Migrate record as
+// the outbox.
+func (s *Storage) checkTables(ctx context.Context, conn *sql.Conn, steps []migfiles.Step) error {
+	for _, t := range migfiles.Tables(steps) {
+		name := s.render(t.Name)
+		rows, err := conn.QueryContext(ctx, "SELECT * FROM "+name+" LIMIT 0")
+		if isNoSuchTable(err) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("check %s: %w", name, err)
+		}
+		have, err := rows.Columns()
+		_ = rows.Close()
+		if err != nil {
+			return fmt.Errorf("check %s: %w", name, err)
+		}
+		if err := migfiles.CheckColumns(name, t.Columns, have); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // MigrationStatus implements [storage.Migrator]. A database without the

@@ -18,11 +18,11 @@ import (
 )
 
 // The schema as numbered steps: NNN_name.up.sql, and NNN_name.down.sql where
-// reverting is safe. Placeholders: {table} is the outbox table as quoted in
-// SQL; {rel:x} the object named after the table with suffix x, in the
-// table's schema ("app"."outbox_leases"); {name:x} the same name unqualified
-// (an index is created in its table's schema, so CREATE INDEX takes no
-// schema).
+// reverting is safe and every later step has one (see migfiles.Load).
+// Placeholders: {table} is the outbox table as quoted in SQL; {rel:x} the
+// object named after the table with suffix x, in the table's schema
+// ("app"."outbox_leases"); {name:x} the same name unqualified (an index is
+// created in its table's schema, so CREATE INDEX takes no schema).
 //
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
@@ -278,6 +278,9 @@ func (s *Storage) migrate(ctx context.Context, target int) (applied []int, err e
 	if err := s.lockSchema(ctx, tx); err != nil {
 		return nil, fail("advisory lock", err)
 	}
+	if err := s.checkTables(ctx, tx, steps); err != nil {
+		return nil, fail("check the tables", err)
+	}
 	if _, err := tx.Exec(ctx, s.versionTableSQL()); err != nil {
 		return nil, fail("create the version table", err)
 	}
@@ -339,6 +342,38 @@ func (s *Storage) migrate(ctx context.Context, target int) (applied []int, err e
 		return nil, fail("commit", err)
 	}
 	return applied, nil
+}
+
+// checkTables refuses a table of a name the steps create that lacks a
+// column they declare: another application's table, which CREATE TABLE IF
+// NOT EXISTS would keep and Migrate record as the outbox's.
+func (s *Storage) checkTables(ctx context.Context, tx pgx.Tx, steps []migfiles.Step) error {
+	for _, t := range migfiles.Tables(steps) {
+		name := s.render(t.Name)
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			continue
+		}
+		rows, err := tx.Query(ctx, "SELECT * FROM "+name+" LIMIT 0")
+		if err != nil {
+			return err
+		}
+		var have []string
+		for _, f := range rows.FieldDescriptions() {
+			have = append(have, f.Name)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if err := migfiles.CheckColumns(name, t.Columns, have); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // adoptVersion is the version of an outbox table made without the version

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -211,4 +212,28 @@ func diffLines(got, want []string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestMigrateRefusesAnotherTable: a table of the outbox's name (or of one
+// of its side tables) without the columns Migrate would give it is
+// refused, naming what it lacks, and nothing is created or recorded.
+func TestMigrateRefusesAnotherTable(t *testing.T) {
+	for _, side := range []string{"", "delivered", "skipped"} {
+		s := bareStore(t)
+		foreign := s.table
+		if side != "" {
+			execSQL(t, s, s.SchemaSQL()) // a real outbox whose side table is then replaced
+			foreign = siblingName(s.ident, side)
+			execSQL(t, s, "DROP TABLE "+foreign+"; DELETE FROM "+s.MigrationTable())
+		}
+		execSQL(t, s, "CREATE TABLE "+foreign+" (id BIGINT PRIMARY KEY, key TEXT, note TEXT)")
+		before := shape(t, s)
+		err := s.Migrate(t.Context())
+		if !errors.Is(err, storage.ErrNotOutboxTable) || !strings.Contains(err.Error(), foreign+" exists but has no column uuid, ") {
+			t.Fatalf("Migrate with another table as %q = %v, want ErrNotOutboxTable naming the missing columns", foreign, err)
+		}
+		if after := shape(t, s); !slices.Equal(before, after) {
+			t.Fatalf("the refused Migrate changed the schema: %q -> %q", before, after)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"embed"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -14,7 +15,8 @@ import (
 )
 
 // The schema as numbered steps: NNN_name.up.sql, and NNN_name.down.sql where
-// reverting is safe. {table} stands for the outbox table's name.
+// reverting is safe and every later step has one (see migfiles.Load).
+// {table} stands for the outbox table's name.
 //
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
@@ -141,6 +143,10 @@ func (s *Storage) MigrateReport(ctx context.Context) ([]int, error) {
 				_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
 			}
 		}()
+		steps := loadSteps()
+		if err := s.checkTables(ctx, conn, steps); err != nil {
+			return err
+		}
 		vt := quote(s.MigrationTable())
 		if _, err := conn.ExecContext(ctx, s.versionTableSQL()); err != nil {
 			return err
@@ -149,7 +155,6 @@ func (s *Storage) MigrateReport(ctx context.Context) ([]int, error) {
 		if err := conn.QueryRowContext(ctx, fmt.Sprintf(`SELECT ifnull(max(version), 0) FROM %s`, vt)).Scan(&current); err != nil {
 			return err
 		}
-		steps := loadSteps()
 		if current > len(steps) {
 			return fmt.Errorf("database schema is at version %d, newer than this code's %d: upgrade txoutbox", current, len(steps))
 		}
@@ -173,6 +178,38 @@ func (s *Storage) MigrateReport(ctx context.Context) ([]int, error) {
 		return nil, fmt.Errorf("migrate outbox schema %q: %w", s.table, err)
 	}
 	return applied, nil
+}
+
+// checkTables refuses a table of a name the steps create that lacks a
+// column they declare: another application's table, which CREATE TABLE IF
+// NOT EXISTS would keep and Migrate record as the outbox's.
+func (s *Storage) checkTables(ctx context.Context, conn *sql.Conn, steps []migfiles.Step) error {
+	for _, t := range migfiles.Tables(steps) {
+		name := strings.Trim(s.render(t.Name), `"`)
+		rows, err := conn.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, name)
+		if err != nil {
+			return fmt.Errorf("check %q: %w", name, err)
+		}
+		var have []string
+		for rows.Next() {
+			var c string
+			if err := rows.Scan(&c); err != nil {
+				_ = rows.Close()
+				return fmt.Errorf("check %q: %w", name, err)
+			}
+			have = append(have, c)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("check %q: %w", name, err)
+		}
+		if len(have) == 0 { // no such table: a table has at least one column
+			continue
+		}
+		if err := migfiles.CheckColumns(strconv.Quote(name), t.Columns, have); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // MigrationStatus implements [storage.Migrator].

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -354,5 +355,41 @@ func TestHoldOnDeadLetterNeedsStrictOrdering(t *testing.T) {
 	db, _ := openTestDB(t)
 	if _, err := New(db, Config{HoldOnDeadLetter: true, DisableStrictOrdering: true}); err == nil {
 		t.Fatal("New accepted HoldOnDeadLetter without strict ordering")
+	}
+}
+
+// TestMigrateRefusesAnotherTable: a table of the outbox's name (or of its
+// skipped table's) without the columns Migrate would give it is refused,
+// naming what it lacks, and nothing is created or recorded.
+func TestMigrateRefusesAnotherTable(t *testing.T) {
+	t.Parallel()
+	for _, foreign := range []string{"outbox", "outbox_skipped"} {
+		db, _ := openTestDB(t)
+		if _, err := db.Exec(`CREATE TABLE "` + foreign + `" (id INTEGER PRIMARY KEY, key TEXT, note TEXT)`); err != nil {
+			t.Fatal(err)
+		}
+		s, err := New(db, Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.Migrate(context.Background())
+		if !errors.Is(err, storage.ErrNotOutboxTable) || !strings.Contains(err.Error(), `"`+foreign+`" exists but has no column uuid, topic,`) {
+			t.Fatalf("Migrate with another %q table = %v, want ErrNotOutboxTable naming the missing columns", foreign, err)
+		}
+		var names []string
+		rows, err := db.Query(`SELECT name FROM sqlite_master ORDER BY name`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var n string
+			if err := rows.Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, n)
+		}
+		if !slices.Equal(names, []string{foreign}) {
+			t.Fatalf("after the refused Migrate the database holds %q, want only the foreign table", names)
+		}
 	}
 }
