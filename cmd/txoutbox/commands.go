@@ -137,6 +137,31 @@ func dispatch(ctx context.Context, args []string, out, errOut io.Writer, getenv 
 	if notText != "" {
 		return usageError{fmt.Sprintf("%s: %s is not UTF-8 text", c.name, notText)}
 	}
+	if c.args == "" && len(pos) > 0 {
+		return usageError{fmt.Sprintf("%s takes no arguments, got %q (see 'txoutbox %s --help')", c.name, pos[0], c.name)}
+	}
+	// A count or an age below its range would read as "no limit" or "no
+	// filter" in the storage: say so instead of listing something else.
+	var bad string
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "limit":
+			if n, _ := f.Value.(flag.Getter).Get().(int); n < 1 {
+				bad = "--limit must be at least 1"
+			}
+		case "after-id":
+			if n, _ := f.Value.(flag.Getter).Get().(int64); n < 0 {
+				bad = "--after-id must not be negative"
+			}
+		case "older-than":
+			if d, _ := f.Value.(flag.Getter).Get().(time.Duration); d < 0 {
+				bad = "--older-than must not be negative"
+			}
+		}
+	})
+	if bad != "" {
+		return usageError{fmt.Sprintf("%s: %s", c.name, bad)}
+	}
 	e.args, e.fs = pos, fs
 	return c.run(ctx, e)
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -183,4 +185,27 @@ func TestHelpListsUsefulFlags(t *testing.T) {
 		}
 	}
 	txoutbox(t, "sqlite:///nonexistent.db", "status", "--notify-channel", "x").want(t, exitUsage, "flag provided but not defined: -notify-channel")
+}
+
+// TestOutOfRangeArgumentsWriteNothing: an argument a command does not take
+// (a second id after redrive --id, a stray word after purge) and a count
+// or age out of range are usage errors, before anything is written; they
+// used to be ignored, or read by the storage as "no limit".
+func TestOutOfRangeArgumentsWriteNothing(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f fixture) {
+		a1, b1 := fmt.Sprint(f.ids["a1"]), fmt.Sprint(f.ids["b1"])
+		f.run(t, "redrive", "--id", a1, b1).want(t, exitUsage, `redrive takes no arguments, got "`+b1+`"`)
+		f.run(t, "redrive", "--all", "now").want(t, exitUsage, "takes no arguments")
+		f.run(t, "purge", "--older-than", "1m", "all").want(t, exitUsage, "takes no arguments")
+		f.run(t, "purge", "--older-than", "-1h").want(t, exitUsage, "--older-than must not be negative")
+		f.run(t, "dead", "list", "--limit", "0").want(t, exitUsage, "--limit must be at least 1")
+		f.run(t, "dead", "list", "--limit", "-1").want(t, exitUsage, "--limit must be at least 1")
+		f.run(t, "dead", "list", "--after-id", "-1").want(t, exitUsage, "--after-id must not be negative")
+		f.run(t, "dead", "list", "--older-than", "-1h").want(t, exitUsage, "--older-than must not be negative")
+		f.run(t, "status", "--limit", "-5").want(t, exitUsage, "--limit must be at least 1")
+		if st, err := f.s.Stats(context.Background()); err != nil || st.Dead != 2 || st.Delivered != 1 {
+			t.Fatalf("after the refused commands: %+v, %v; want the 2 dead and 1 delivered records untouched", st, err)
+		}
+		f.run(t, "dead", "list", "--limit", "1").want(t, 0, a1)
+	})
 }
