@@ -91,7 +91,7 @@ func need(t *testing.T, databaseURL, amqpURL string) {
 			c.Close()
 			continue
 		}
-		msg := fmt.Sprintf("%s is not reachable (%v); start it with `%s`", u.Host, err, s.start)
+		msg := fmt.Sprintf("%s is not reachable (%v); start it with %#q", u.Host, err, s.start)
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}

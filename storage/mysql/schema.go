@@ -212,6 +212,20 @@ func (s *Storage) migrateSteps(ctx context.Context, target int) (applied []int, 
 	return applied, nil
 }
 
+// tableColumns returns the columns of the table name (rendered and quoted).
+func tableColumns(ctx context.Context, conn *sql.Conn, name string) ([]string, error) {
+	rows, err := conn.QueryContext(ctx, "SELECT * FROM "+name+" LIMIT 0")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = rows.Close() }()
+	have, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	return have, rows.Err()
+}
+
 // checkTables refuses, before anything is written, a table of a name the
 // steps create that lacks a column they declare: another application's
 // table, which CREATE TABLE IF NOT EXISTS would keep and Migrate record as
@@ -219,15 +233,10 @@ func (s *Storage) migrateSteps(ctx context.Context, target int) (applied []int, 
 func (s *Storage) checkTables(ctx context.Context, conn *sql.Conn, steps []migfiles.Step) error {
 	for _, t := range migfiles.Tables(steps) {
 		name := s.render(t.Name)
-		rows, err := conn.QueryContext(ctx, "SELECT * FROM "+name+" LIMIT 0")
+		have, err := tableColumns(ctx, conn, name)
 		if isNoSuchTable(err) {
 			continue
 		}
-		if err != nil {
-			return fmt.Errorf("check %s: %w", name, err)
-		}
-		have, err := rows.Columns()
-		_ = rows.Close()
 		if err != nil {
 			return fmt.Errorf("check %s: %w", name, err)
 		}

@@ -180,26 +180,33 @@ func (s *Storage) MigrateReport(ctx context.Context) ([]int, error) {
 	return applied, nil
 }
 
+// tableColumns returns the columns of the table name, none when there is
+// no such table.
+func tableColumns(ctx context.Context, conn *sql.Conn, name string) ([]string, error) {
+	rows, err := conn.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, name)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = rows.Close() }()
+	var have []string
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			return nil, err
+		}
+		have = append(have, c)
+	}
+	return have, rows.Err()
+}
+
 // checkTables refuses a table of a name the steps create that lacks a
 // column they declare: another application's table, which CREATE TABLE IF
 // NOT EXISTS would keep and Migrate record as the outbox's.
 func (s *Storage) checkTables(ctx context.Context, conn *sql.Conn, steps []migfiles.Step) error {
 	for _, t := range migfiles.Tables(steps) {
 		name := strings.Trim(s.render(t.Name), `"`)
-		rows, err := conn.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, name)
+		have, err := tableColumns(ctx, conn, name)
 		if err != nil {
-			return fmt.Errorf("check %q: %w", name, err)
-		}
-		var have []string
-		for rows.Next() {
-			var c string
-			if err := rows.Scan(&c); err != nil {
-				_ = rows.Close()
-				return fmt.Errorf("check %q: %w", name, err)
-			}
-			have = append(have, c)
-		}
-		if err := rows.Err(); err != nil {
 			return fmt.Errorf("check %q: %w", name, err)
 		}
 		if len(have) == 0 { // no such table: a table has at least one column

@@ -376,20 +376,31 @@ func TestMigrateRefusesAnotherTable(t *testing.T) {
 		if !errors.Is(err, storage.ErrNotOutboxTable) || !strings.Contains(err.Error(), `"`+foreign+`" exists but has no column uuid, topic,`) {
 			t.Fatalf("Migrate with another %q table = %v, want ErrNotOutboxTable naming the missing columns", foreign, err)
 		}
-		var names []string
-		rows, err := db.Query(`SELECT name FROM sqlite_master ORDER BY name`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var n string
-			if err := rows.Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			names = append(names, n)
-		}
+		names := schemaNames(t, db)
 		if !slices.Equal(names, []string{foreign}) {
 			t.Fatalf("after the refused Migrate the database holds %q, want only the foreign table", names)
 		}
 	}
+}
+
+// schemaNames returns the names in db's schema (tables, indexes, triggers).
+func schemaNames(t *testing.T, db *sql.DB) []string {
+	t.Helper()
+	rows, err := db.Query(`SELECT name FROM sqlite_master ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, n)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return names
 }
