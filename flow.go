@@ -2,6 +2,7 @@ package txoutbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -332,6 +333,15 @@ func (s *session) mayClaim() bool {
 		return false
 	}
 	if n := s.f.abandoned.Load(); n >= int64(s.cfg.MaxAbandonedPublishes) {
+		if s.once {
+			// RunOnce makes one claim: refused, it is over, rather than
+			// waiting as long as the target holds the abandoned publishes.
+			err := fmt.Errorf("%w: %d of MaxAbandonedPublishes %d; claimed nothing", ErrTooManyAbandoned, n, s.cfg.MaxAbandonedPublishes)
+			s.f.logger.Error("Too many publishes abandoned in the target; RunOnce claims nothing", err, nil)
+			s.setErr(err)
+			s.stopping = true
+			return false
+		}
 		if !s.throttled {
 			s.throttled = true
 			s.f.logger.Error("Too many publishes abandoned in the target; claiming nothing until they end", ErrPublishTimeout, watermill.LogFields{
@@ -866,9 +876,13 @@ type lane struct {
 }
 
 // supervise runs lanes until the work channel closes, replacing abandoned ones.
-func (s *session) supervise() {
+func (s *session) supervise() { s.superviseFrom(nil, 0) }
+
+// superviseFrom is supervise with a lane that first publishes g from index
+// from on (g nil: none).
+func (s *session) superviseFrom(g *group, from int) {
 	timeout := s.cfg.PublishTimeout
-	l := &lane{s: s, done: make(chan struct{})}
+	l := &lane{s: s, done: make(chan struct{}), first: g, firstPos: from}
 	if timeout <= 0 {
 		l.work()
 		return
@@ -934,6 +948,48 @@ func (f *Forwarder) abandon(done <-chan struct{}) {
 // work publishes groups until the work channel closes or the lane is abandoned.
 func (l *lane) work() {
 	defer close(l.done)
+	exited := true
+	defer func() {
+		if exited {
+			l.goexited()
+		}
+	}()
+	l.loop()
+	exited = false
+}
+
+// errGoexit is the recorded error of a publish that called runtime.Goexit.
+var errGoexit = errors.New("publish called runtime.Goexit")
+
+// goexited takes over from a lane whose publish called runtime.Goexit (a
+// t.FailNow in a test double, say), which ends the goroutine however it is
+// recovered: the publish failed, like one that panicked, and a new lane goes
+// on with the rest of the group, then with other groups.
+func (l *lane) goexited() {
+	s := l.s
+	l.mu.Lock()
+	if l.abandoned {
+		l.mu.Unlock()
+		return // the supervisor took the publish over and replaced the lane
+	}
+	l.abandoned = true // the supervisor, seeing done closed, just returns
+	busy, g, pos := l.busy, l.g, l.pos
+	l.busy, l.g = false, nil
+	l.mu.Unlock()
+	s.f.logger.Error("Publish called runtime.Goexit; recorded as a failed publish", errGoexit, nil)
+	if !busy {
+		s.lanes.Go(s.supervise)
+		return
+	}
+	if s.fail(g, pos, errGoexit) && pos+1 < len(g.records) {
+		s.lanes.Go(func() { s.superviseFrom(g, pos+1) })
+		return
+	}
+	s.finish(g)
+	s.lanes.Go(s.supervise)
+}
+
+func (l *lane) loop() {
 	if g := l.first; g != nil {
 		l.first = nil // this lane goes on with other groups: keep none of this one
 		if !l.publishGroup(g, l.firstPos) {
@@ -1013,8 +1069,8 @@ func (l *lane) publishGroup(g *group, from int) bool {
 			// the lease lasts (a slow storage then slows the group down
 			// instead of turning every group into a release), else give the
 			// rest back untried.
-			if now.Before(deadline) && s.awaitExtension(deadline) {
-				i-- // check this record again
+			if now.Before(deadline) && s.awaitExtension(deadline) || s.stop.Err() != nil {
+				i-- // check this record again (stopping: release the rest)
 				continue
 			}
 			f.logger.Error("Lease runs out before the next publish could finish; the group's rest is released", ErrLeaseLost, watermill.LogFields{

@@ -41,6 +41,10 @@ var (
 	// ErrPublishAbandoned is the recorded error of a publish still running when
 	// the shutdown bound ran out.
 	ErrPublishAbandoned = errors.New("publish abandoned at shutdown")
+	// ErrTooManyAbandoned is returned by RunOnce when its claim was refused
+	// because MaxAbandonedPublishes publishes of earlier runs still run in the
+	// target, which ignored their context: it claimed nothing.
+	ErrTooManyAbandoned = errors.New("too many publishes abandoned in the target")
 	// ErrLeaseLost is logged when a group stops because its lease ran short
 	// or was lost (an extension no longer found a record leased to this
 	// forwarder): its untried records are released, never published.
@@ -197,6 +201,9 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		return ErrForwarderRunning
 	}
 	defer f.running.Store(false)
+	if ctx.Err() != nil {
+		return nil // stopped before it started: claim nothing
+	}
 
 	f.logger.Info("Forwarder started", nil)
 	defer f.logger.Info("Forwarder stopped", nil)
@@ -256,8 +263,10 @@ func (f *Forwarder) waitAside() {
 // every outcome back (published, acked, nacked, released or dead-lettered)
 // before it returns: for cron jobs. Cancelling ctx stops it starting new
 // publishes; the records it did not try are released before it returns. The
-// error is a storage error of the claim or an ack; failed publishes are not
-// errors.
+// error is a storage error of the claim or an ack, or ErrTooManyAbandoned
+// when MaxAbandonedPublishes publishes of earlier runs still run in the
+// target (it then claims nothing and returns at once); failed publishes are
+// not errors.
 func (f *Forwarder) RunOnce(ctx context.Context) (RunOnceResult, error) {
 	start := time.Now()
 	if err := ctx.Err(); err != nil {
