@@ -129,7 +129,8 @@ type ForwarderConfig struct {
 	// MaxAbandonedPublishes bounds the publishes abandoned at their timeout
 	// whose target ignores the context and keeps running (see
 	// Forwarder.AbandonedPublishes): at the bound the forwarder claims nothing
-	// and its lanes release their groups' rest until some end, so at most
+	// (RunOnce returns ErrTooManyAbandoned at once) and its lanes release
+	// their groups' rest until some end, so at most
 	// MaxAbandonedPublishes+Concurrency goroutines are ever stuck in the
 	// target. Defaults to Concurrency.
 	MaxAbandonedPublishes int
