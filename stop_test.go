@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/storage"
 )
@@ -176,45 +174,60 @@ func TestForwarderRunWithCancelledContextClaimsNothing(t *testing.T) {
 	}
 }
 
+// stallStore holds the first claim that returns records until
+// time.Since(its start) reaches stall, and every renewal until unblock is
+// closed (a healthy renewal, just slow).
+type stallStore struct {
+	storage.Storage
+	stall   time.Duration
+	unblock chan struct{}
+	claimed atomic.Bool // the first claim with records returned
+	extends atomic.Int64
+}
+
+func (s *stallStore) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.Record, error) {
+	start := time.Now()
+	recs, err := s.Storage.Claim(ctx, p)
+	if len(recs) > 0 && !s.claimed.Load() {
+		time.Sleep(s.stall - time.Since(start)) // a slow claim, not synchronisation
+		s.claimed.Store(true)
+	}
+	return recs, err
+}
+
+func (s *stallStore) Extend(ctx context.Context, p storage.ExtendParams) ([]int64, error) {
+	s.extends.Add(1)
+	select {
+	case <-s.unblock:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Storage.Extend(ctx, p)
+}
+
 // TestForwarderStopWhileAwaitingRenewalIsNoLostLease: a lane waits for a
 // lease renewal that is slow (healthy, just slow) when the forwarder is
-// stopped. It releases the rest of its group as stopping; that is not a lost
-// lease, and nothing logs ErrLeaseLost.
+// stopped. It releases its group as stopping; that is not a lost lease, and
+// nothing logs ErrLeaseLost.
 func TestForwarderStopWhileAwaitingRenewalIsNoLostLease(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			s := b.new(t)
-			recs := make([]storage.Record, 20)
-			for i := range recs {
-				recs[i] = record("t", "k", "r")
-			}
-			ids := b.insert(t, s, recs...)
-			slow := make(chan struct{})
-			var extending atomic.Bool
-			faulty := &faultStore{Storage: s, delay: func(op string) (time.Duration, error) {
-				if op == "extend" {
-					extending.Store(true)
-					<-slow // the renewal is in flight until the test lets it land
-				}
-				return 0, nil
-			}}
-			// Each publish takes 200 ms: from the fifth on, the lane cannot
-			// finish one (PublishTimeout 1 s) within the lease it knows of
-			// (2 s from the claim), and waits for the renewal, which started
-			// at the first tick (400 ms) and has not returned.
-			var returned atomic.Int64
-			target := publisherFunc(func(topic string, msgs ...*message.Message) error {
-				time.Sleep(200 * time.Millisecond) // the broker's latency, not synchronisation
-				returned.Add(1)
-				return nil
-			})
+			ids := b.insert(t, s, record("t", "k", "1"), record("t", "k", "2"))
+			// The claim returns 2.1 s after it started: with a 4 s lease,
+			// the lane cannot finish a publish (PublishTimeout 2 s) within
+			// the lease it knows of, and waits for the renewal, which the
+			// next tick starts and which does not return. The stop comes
+			// then, well before the lease runs out.
+			stalled := &stallStore{Storage: s, stall: 2100 * time.Millisecond, unblock: make(chan struct{})}
+			target := newRecorder()
 			cfg := fastConfig()
 			cfg.Concurrency = 1
-			cfg.Lease = 2 * time.Second
-			cfg.PublishTimeout = time.Second
+			cfg.Lease = 4 * time.Second
+			cfg.PublishTimeout = 2 * time.Second
 			log := &captureLogger{}
-			f, err := txoutbox.NewForwarder(faulty, target, cfg, log)
+			f, err := txoutbox.NewForwarder(stalled, target, cfg, log)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -222,11 +235,11 @@ func TestForwarderStopWhileAwaitingRenewalIsNoLostLease(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			go func() { done <- f.Run(ctx) }()
-			waitFor(t, 20*time.Second, "five publishes and a renewal in flight", func() bool {
-				return returned.Load() >= 5 && extending.Load()
+			waitFor(t, 20*time.Second, "the claim and a renewal in flight", func() bool {
+				return stalled.claimed.Load() && stalled.extends.Load() > 0
 			})
 			cancel()
-			close(slow)
+			close(stalled.unblock)
 			select {
 			case err := <-done:
 				if err != nil {
@@ -238,7 +251,10 @@ func TestForwarderStopWhileAwaitingRenewalIsNoLostLease(t *testing.T) {
 			if log.has(txoutbox.ErrLeaseLost) {
 				t.Error("a graceful stop logged ErrLeaseLost")
 			}
-			for _, id := range ids[returned.Load():] {
+			if n := len(target.deliveries()); n != 0 {
+				t.Errorf("%d publishes, want none: the lease was too short for any", n)
+			}
+			for _, id := range ids {
 				if st := b.inspect(t, s, id); st.LeasedBy != "" || st.Status != storage.StatusPending {
 					t.Errorf("record %d: %+v, want released", id, st)
 				}
