@@ -229,8 +229,10 @@ func (b *breaker) failed(topic string, id int64, class errorClass, now time.Time
 		if probe {
 			b.probeFailed(t, now)
 		}
-		b.fail(c, topic, id, class, now)
-		b.fail(t, topic, id, class, now)
+		if !t.down { // the target's outage explains the topic's failures
+			b.fail(c, topic, id, class, now)
+			b.fail(t, topic, id, class, now)
+		}
 	}
 	b.settle()
 	if probe {

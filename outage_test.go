@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/storage"
@@ -135,7 +138,11 @@ func TestForwarderOutageCostsOnlyTime(t *testing.T) {
 					}
 					target.set("t0", down)
 					target.set("t1", down)
-					f := newForwarder(t, s, target, cfg)
+					logs := &outageLogger{}
+					f, err := txoutbox.NewForwarder(s, target, cfg, logs)
+					if err != nil {
+						t.Fatal(err)
+					}
 					stop := drive(t, f, m.once)
 
 					waitFor(t, 10*time.Second, "the outage to be seen", func() bool { return len(f.Outages()) > 0 })
@@ -192,6 +199,12 @@ func TestForwarderOutageCostsOnlyTime(t *testing.T) {
 					}
 					if err := f.Healthy(); err != nil {
 						t.Errorf("Healthy() = %v after recovery", err)
+					}
+					// Each circuit that tripped (the target's, and a topic's
+					// that tripped before it) logs its start and its end once.
+					starts, ends := logs.starts.Load(), logs.ends.Load()
+					if starts < 1 || starts > 3 || ends != starts {
+						t.Errorf("%d outage starts and %d ends logged, want each outage logged once at its start and once at its end", starts, ends)
 					}
 				})
 			}
@@ -327,3 +340,23 @@ func TestForwarderPermanentErrorDeadLettersAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// outageLogger counts the outage start and end lines.
+type outageLogger struct {
+	watermill.NopLogger
+	starts, ends atomic.Int64
+}
+
+func (l *outageLogger) Error(msg string, _ error, _ watermill.LogFields) {
+	if strings.HasPrefix(msg, "Publish target down") {
+		l.starts.Add(1)
+	}
+}
+
+func (l *outageLogger) Info(msg string, _ watermill.LogFields) {
+	if strings.HasPrefix(msg, "Publish target up again") {
+		l.ends.Add(1)
+	}
+}
+
+func (l *outageLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
