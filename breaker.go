@@ -341,21 +341,28 @@ func (b *breaker) claimHold(now time.Time) (until time.Time, probe bool) {
 	return time.Time{}, true
 }
 
-// outages returns what is down now, the whole target first.
+// outages returns what is down now, the whole target first. A circuit
+// whose probe is overdue by more than ProbeIntervalMax had no record to
+// probe with (other forwarders took them, or the table ran dry): it is
+// not reported, since nothing says it is still down.
 func (b *breaker) outages() []Outage {
 	if b.quiet.Load() {
 		return nil
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	now := time.Now()
+	reported := func(c *circuit) bool {
+		return c.down && (c.probing || now.Before(c.probeAt.Add(b.probeMax)))
+	}
 	var out []Outage
 	for _, c := range b.topics {
-		if c.down {
+		if reported(c) {
 			out = append(out, c.outage())
 		}
 	}
 	slices.SortFunc(out, func(a, b Outage) int { return strings.Compare(a.Topic, b.Topic) })
-	if b.target.down {
+	if reported(&b.target) {
 		out = slices.Insert(out, 0, b.target.outage())
 	}
 	return out

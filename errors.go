@@ -71,6 +71,10 @@ var unavailableTexts = []string{
 	"kafka: broker not connected",
 	"kafka server: In the middle of a leadership election",
 	"kafka server: Broker not available",
+	// Sarama's per-partition breaker (eapache/go-resiliency), which opens
+	// on a broker's errors and flaps while it comes back, and Watermill's
+	// CircuitBreaker middleware (sony/gobreaker).
+	"circuit breaker is open",
 	// amqp091-go (watermill-amqp).
 	"Exception (504) Reason: \"channel/connection is not open\"",
 	"not connected to AMQP",

@@ -26,6 +26,7 @@ func TestClassify(t *testing.T) {
 		{"dial error", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("no route")}, classUnavailable},
 		{"connection reset", fmt.Errorf("write: %w", syscall.ECONNRESET), classUnavailable},
 		{"sarama out of brokers", errors.New("cannot produce message: kafka: client has run out of available brokers to talk to: dial tcp"), classUnavailable},
+		{"sarama breaker open", errors.New("cannot produce message x: circuit breaker is open"), classUnavailable},
 		{"amqp closed", errors.New(`Exception (504) Reason: "channel/connection is not open"`), classUnavailable},
 		{"watermill-amqp not connected", errors.New("not connected to AMQP"), classUnavailable},
 		{"nats closed", fmt.Errorf("cannot publish: %w", errors.New("nats: connection closed")), classUnavailable},
