@@ -342,9 +342,9 @@ func (b *breaker) claimHold(now time.Time) (until time.Time, probe bool) {
 }
 
 // outages returns what is down now, the whole target first. A circuit
-// whose probe is overdue by more than ProbeIntervalMax had no record to
-// probe with (other forwarders took them, or the table ran dry): it is
-// not reported, since nothing says it is still down.
+// whose probe is overdue by four ProbeIntervalMax (and a Lease) had no
+// record to probe with (other forwarders took them, or the table ran dry):
+// it is not reported, since nothing says it is still down.
 func (b *breaker) outages() []Outage {
 	if b.quiet.Load() {
 		return nil
@@ -352,8 +352,9 @@ func (b *breaker) outages() []Outage {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
+	stale := max(4*b.probeMax, b.staleProbe)
 	reported := func(c *circuit) bool {
-		return c.down && (c.probing || now.Before(c.probeAt.Add(b.probeMax)))
+		return c.down && (c.probing || now.Before(c.probeAt.Add(stale)))
 	}
 	var out []Outage
 	for _, c := range b.topics {
