@@ -26,6 +26,10 @@ const (
 	ShutdownTimeoutDefault    = 10 * time.Second
 	BookkeepingTimeoutDefault = 10 * time.Second
 
+	OutageThresholdDefault  = 3
+	ProbeIntervalDefault    = time.Second
+	ProbeIntervalMaxDefault = 30 * time.Second
+
 	BackoffBaseDefault   = time.Second
 	BackoffFactorDefault = 2.0
 	BackoffMaxDefault    = 5 * time.Minute
@@ -120,6 +124,24 @@ type ForwarderConfig struct {
 	MaxAttempts int
 	// Backoff is the retry schedule of failed publishes.
 	Backoff Backoff
+	// OutageThreshold is how many failed publishes in a row, with no
+	// success in between, make the forwarder treat a topic (from more than
+	// one record, or errors saying the target is unavailable) or the whole
+	// target (from more than one topic) as down: it then charges no attempt
+	// for it, gives its records back untried and probes it with one record
+	// at a time (see ProbeInterval). Two records of different keys failing
+	// between two successes is common enough with a few poison records;
+	// three in a row across records, with none of the lanes succeeding in
+	// between, is an outage far more often than not, and costs at most two
+	// attempts before it is seen. Defaults to 3.
+	OutageThreshold int
+	// ProbeInterval is the wait from the start of an outage to the first
+	// probe, doubled after each failed probe up to ProbeIntervalMax. A
+	// successful probe ends the outage at once. Defaults to 1s.
+	ProbeInterval time.Duration
+	// ProbeIntervalMax caps the wait between probes, and so bounds the time
+	// from the broker's recovery to the forwarder's. Defaults to 30s.
+	ProbeIntervalMax time.Duration
 	// PublishTimeout bounds each publish, middleware included. The message's
 	// context carries the deadline; targets that ignore it are abandoned at the
 	// deadline and the record is retried. It must be at most Lease/2, so that
@@ -185,6 +207,9 @@ func (c *ForwarderConfig) setDefaults() {
 	c.MaxAbandonedPublishes = cmp.Or(c.MaxAbandonedPublishes, c.Concurrency)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
 	c.Backoff.setDefaults()
+	c.OutageThreshold = cmp.Or(c.OutageThreshold, OutageThresholdDefault)
+	c.ProbeInterval = cmp.Or(c.ProbeInterval, ProbeIntervalDefault)
+	c.ProbeIntervalMax = cmp.Or(c.ProbeIntervalMax, max(ProbeIntervalMaxDefault, c.ProbeInterval))
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
 	c.PollMin = cmp.Or(c.PollMin, PollMinDefault)
 	c.PollMax = cmp.Or(c.PollMax, PollMaxDefault)
@@ -225,6 +250,13 @@ func (c ForwarderConfig) Validate() error {
 		if c.Lease > 0 && c.PublishTimeout > c.Lease/2 {
 			errs = append(errs, fmt.Errorf("PublishTimeout (%s) must be <= Lease/2 (%s), so that leases are renewed ahead of the publishes (raise Lease or lower PublishTimeout)", c.PublishTimeout, c.Lease/2))
 		}
+	}
+	if c.OutageThreshold < 2 {
+		errs = append(errs, fmt.Errorf("OutageThreshold must be >= 2 (one failure cannot tell an outage from a bad record), got %d", c.OutageThreshold))
+	}
+	positive("ProbeInterval", c.ProbeInterval)
+	if c.ProbeIntervalMax < c.ProbeInterval {
+		errs = append(errs, fmt.Errorf("ProbeIntervalMax (%s) must be >= ProbeInterval (%s)", c.ProbeIntervalMax, c.ProbeInterval))
 	}
 	positive("PollMin", c.PollMin)
 	positive("StorageErrorDelay", c.StorageErrorDelay)

@@ -187,6 +187,9 @@ type session struct {
 	poll       time.Duration
 	stopping   bool
 	throttled  bool // claims paused for abandoned publishes (logged once)
+	// probeClaim: the next claim takes one record, to probe a target
+	// that is down (see outageHold).
+	probeClaim bool
 	// wokenDuringClaim: Wake was called while a claim was in flight.
 	wokenDuringClaim bool
 	// paced: the next claim is paced (see claimed); only a group of more
@@ -248,7 +251,11 @@ func (s *session) run() {
 	for {
 		var timerC <-chan time.Time
 		if s.mayClaim() {
-			if d := time.Until(s.claimAt); d <= 0 {
+			d := time.Until(s.claimAt)
+			if d <= 0 {
+				d = s.outageHold()
+			}
+			if d <= 0 {
 				s.startClaim()
 			} else {
 				timer.Reset(d)
@@ -362,6 +369,9 @@ func (s *session) startClaim() {
 	s.claiming = true
 	s.claims++
 	n := min(s.cfg.BatchSize, s.cfg.MaxInFlight-s.inFlight)
+	if s.probeClaim {
+		n, s.probeClaim = 1, false // the target is down: one record probes it
+	}
 	go func() {
 		started := time.Now()
 		// The claim is not cancelled with the stop context: a claim cancelled on
@@ -1083,6 +1093,10 @@ func (l *lane) publishGroup(g *group, from int) bool {
 			s.releaseRest(g, i, now, "too many abandoned publishes")
 			break
 		}
+		if ok, retryAt := f.brk.admit(rec.Topic, rec.ID, now); !ok {
+			s.releaseRest(g, i, retryAt, heldByOutage)
+			break
+		}
 		l.mu.Lock()
 		if l.abandoned {
 			l.mu.Unlock()
@@ -1103,6 +1117,7 @@ func (l *lane) publishGroup(g *group, from int) bool {
 			return false // the supervisor recorded this record's outcome
 		}
 		if err == nil {
+			f.brk.published(rec.Topic, now.Add(took))
 			s.acks <- ackItem{rec: rec, g: g, took: took}
 			continue
 		}
@@ -1125,7 +1140,10 @@ const heldByDead = "behind a dead-lettered record of the same key (the storage h
 // retry time.
 func (s *session) fail(g *group, i int, err error) bool {
 	rec := &g.records[i]
-	if rec.Attempts >= s.cfg.MaxAttempts {
+	if s.outage(g, i, err) {
+		return false
+	}
+	if rec.Attempts >= s.cfg.MaxAttempts || errors.Is(err, ErrPermanent) {
 		s.deadLetter(g, rec, fmt.Sprintf("attempt %d of %d failed: %v", rec.Attempts, s.cfg.MaxAttempts, err))
 		if s.f.holdOnDead {
 			s.releaseRest(g, i+1, time.Now(), heldByDead)

@@ -120,6 +120,9 @@ type Forwarder struct {
 	// (storage.DrainClaimer), by which a caught-up forwarder paces its
 	// claims; nil otherwise.
 	drainer storage.DrainClaimer
+	// brk tells outages of the target, or of a topic of it, from bad
+	// records (breaker.go).
+	brk *breaker
 
 	wake    chan struct{}
 	running atomic.Bool
@@ -158,6 +161,7 @@ func NewForwarder(store storage.Storage, target message.Publisher, config Forwar
 		f.holdOnDead = h.HoldOnDeadLetter()
 	}
 	f.drainer, _ = store.(storage.DrainClaimer)
+	f.brk = newBreaker(&f.config, logger, f.Wake)
 	f.handler = f.publish
 	for i := len(config.Middlewares) - 1; i >= 0; i-- {
 		f.handler = config.Middlewares[i](f.handler)

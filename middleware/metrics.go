@@ -149,7 +149,12 @@ func NewMetrics(reg prometheus.Registerer, config MetricsConfig) (*Metrics, erro
 	m.abandoned = &abandonedCollector{desc: prometheus.NewDesc(
 		prometheus.BuildFQName(Namespace, sub, "abandoned_publishes"),
 		"Publishes that outlived their timeout and still run in the target, which ignores their context (see Metrics.WatchForwarder); at the forwarder's MaxAbandonedPublishes it claims nothing.",
-		nil, config.ConstLabels)}
+		nil, config.ConstLabels),
+		outages: prometheus.NewDesc(
+			prometheus.BuildFQName(Namespace, sub, "outages"),
+			"Outages the watched forwarders see (Forwarder.Outages), one per forwarder: topic=\"\" is the whole target, always present; a topic that is down has its own series while it is. Records of what is down are given back untried and one record probes it.",
+			[]string{LabelTopic}, config.ConstLabels),
+	}
 	var err error
 	if m.abandoned, err = register(reg, m.abandoned); err != nil {
 		return nil, err
@@ -179,33 +184,45 @@ func NewMetrics(reg prometheus.Registerer, config MetricsConfig) (*Metrics, erro
 }
 
 // WatchForwarder adds f's abandoned publishes (Forwarder.AbandonedPublishes)
-// to the txoutbox_forwarder_abandoned_publishes gauge, read at each scrape.
-// Watch each forwarder of the process once.
+// to the txoutbox_forwarder_abandoned_publishes gauge and its outages
+// (Forwarder.Outages) to the txoutbox_forwarder_outages gauge, read at each
+// scrape. Watch each forwarder of the process once.
 func (m *Metrics) WatchForwarder(f *txoutbox.Forwarder) {
 	m.abandoned.mu.Lock()
 	m.abandoned.forwarders = append(m.abandoned.forwarders, f)
 	m.abandoned.mu.Unlock()
 }
 
-// abandonedCollector is the abandoned publishes gauge: the sum over the
-// watched forwarders, read at each scrape. It is one collector per registry,
-// shared by the Metrics made with it.
+// abandonedCollector is the gauges read from the watched forwarders at each
+// scrape: abandoned publishes and outages, summed over the forwarders. It is
+// one collector per registry, shared by the Metrics made with it.
 type abandonedCollector struct {
 	desc       *prometheus.Desc
+	outages    *prometheus.Desc
 	mu         sync.Mutex
 	forwarders []*txoutbox.Forwarder
 }
 
-func (c *abandonedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *abandonedCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.outages
+}
 
 func (c *abandonedCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	n := 0
+	down := map[string]int{"": 0}
 	for _, f := range c.forwarders {
 		n += f.AbandonedPublishes()
+		for _, o := range f.Outages() {
+			down[o.Topic]++
+		}
 	}
 	c.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n))
+	for topic, k := range down {
+		ch <- prometheus.MustNewConstMetric(c.outages, prometheus.GaugeValue, float64(k), topic)
+	}
 }
 
 // OnOutcome counts the forwarder's own outcome of every claimed record in

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,7 +109,11 @@ func TestMetricsCountRetries(t *testing.T) {
 		}
 		return nil
 	})
-	f := newForwarder(t, o, p, fastConfig(5, m.Middleware))
+	cfg := fastConfig(5, m.Middleware)
+	// Both failing with nothing published between them is what an outage
+	// looks like; this test is about retries.
+	cfg.OutageThreshold = 100
+	f := newForwarder(t, o, p, cfg)
 	runUntil(t, f, "2 records delivered", func() bool { _, delivered, _ := o.stats(t); return delivered == 2 })
 
 	err := testutil.GatherAndCompare(reg, strings.NewReader(`
@@ -414,5 +419,45 @@ func TestMetricsAbandonedPublishesGauge(t *testing.T) {
 			t.Fatalf("%s still %v after the target returned", name, value(t, reg, name, nil))
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The outages gauge follows Forwarder.Outages: a topic down has a series
+// while it is, the whole target's series is always there.
+func TestMetricsOutagesGauge(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t)
+	reg := prometheus.NewRegistry()
+	m := newMetrics(t, reg, 5)
+	for _, k := range []string{"a", "b", "c", "d"} {
+		o.publish(t, "orders", k, "x")
+	}
+	var down atomic.Bool
+	down.Store(true)
+	p := newTarget(func(*message.Message, int) error {
+		if down.Load() {
+			return errors.New("broker down")
+		}
+		return nil
+	})
+	cfg := fastConfig(5)
+	cfg.ProbeInterval, cfg.ProbeIntervalMax = 2*time.Millisecond, 10*time.Millisecond
+	f := newForwarder(t, o, p, cfg)
+	m.WatchForwarder(f)
+	const name = "txoutbox_forwarder_outages"
+	if got := value(t, reg, name, topic("")); got != 0 {
+		t.Fatalf("%s{topic=\"\"} = %v before any publish, want 0", name, got)
+	}
+	runUntil(t, f, "the outage to be seen", func() bool { return len(f.Outages()) > 0 })
+	if got := value(t, reg, name, topic("orders")); got != 1 {
+		t.Fatalf("%s{topic=\"orders\"} = %v while it is down, want 1", name, got)
+	}
+	if got := value(t, reg, name, topic("")); got != 0 {
+		t.Fatalf("%s{topic=\"\"} = %v with one topic down, want 0", name, got)
+	}
+	down.Store(false)
+	runUntil(t, f, "the outage to end", func() bool { return len(f.Outages()) == 0 })
+	if _, ok := sample(t, reg, name, topic("orders")); ok {
+		t.Fatalf("%s{topic=\"orders\"} still there after the outage", name)
 	}
 }

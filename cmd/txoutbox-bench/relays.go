@@ -41,9 +41,10 @@ type relayConfig struct {
 	lease, publishTimeout time.Duration
 	// txoutbox only, zero for the defaults: the retry settings and an
 	// outcome hook (the outage scenario)
-	maxAttempts int
-	backoff     txoutbox.Backoff
-	onOutcome   func(txoutbox.Outcome)
+	maxAttempts     int
+	outageThreshold int
+	backoff         txoutbox.Backoff
+	onOutcome       func(txoutbox.Outcome)
 }
 
 // relay is one system under test.
@@ -135,16 +136,17 @@ func (r *txoRelay) Start(ctx context.Context, target message.Publisher) (func(),
 	var fwds []*txoutbox.Forwarder
 	for i := range max(r.cfg.forwarders, 1) {
 		f, err := txoutbox.NewForwarder(r.store, target, txoutbox.ForwarderConfig{
-			BatchSize:      r.cfg.batch,
-			Concurrency:    r.cfg.concurrency,
-			WorkerID:       fmt.Sprintf("bench-%d", i),
-			PollMin:        r.cfg.poll,
-			PollMax:        max(r.cfg.poll, 100*time.Millisecond),
-			Lease:          r.cfg.lease,
-			PublishTimeout: r.cfg.publishTimeout,
-			MaxAttempts:    r.cfg.maxAttempts,
-			Backoff:        r.cfg.backoff,
-			OnOutcome:      r.cfg.onOutcome,
+			BatchSize:       r.cfg.batch,
+			Concurrency:     r.cfg.concurrency,
+			WorkerID:        fmt.Sprintf("bench-%d", i),
+			PollMin:         r.cfg.poll,
+			PollMax:         max(r.cfg.poll, 100*time.Millisecond),
+			Lease:           r.cfg.lease,
+			PublishTimeout:  r.cfg.publishTimeout,
+			MaxAttempts:     r.cfg.maxAttempts,
+			OutageThreshold: r.cfg.outageThreshold,
+			Backoff:         r.cfg.backoff,
+			OnOutcome:       r.cfg.onOutcome,
 		}, nil)
 		if err != nil {
 			cancel()

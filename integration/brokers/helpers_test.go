@@ -184,10 +184,11 @@ func (f *fixture) writeOne(topic string, pub *txoutbox.Publisher, ev event, prod
 
 // runForwarders starts n forwarders on store relaying to target; they stop
 // (and Run's return is awaited) when the test ends.
-func runForwarders(t *testing.T, store *postgres.Storage, target message.Publisher, n int, cfg txoutbox.ForwarderConfig) {
+func runForwarders(t *testing.T, store *postgres.Storage, target message.Publisher, n int, cfg txoutbox.ForwarderConfig) []*txoutbox.Forwarder {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	var fwds []*txoutbox.Forwarder
 	for i := range n {
 		c := cfg
 		c.WorkerID = fmt.Sprintf("%s-fwd-%d", t.Name(), i)
@@ -196,6 +197,7 @@ func runForwarders(t *testing.T, store *postgres.Storage, target message.Publish
 			cancel()
 			t.Fatal(err)
 		}
+		fwds = append(fwds, fwd)
 		wg.Go(func() {
 			if err := fwd.Run(ctx); err != nil {
 				t.Errorf("forwarder %d: %v", i, err)
@@ -203,6 +205,7 @@ func runForwarders(t *testing.T, store *postgres.Storage, target message.Publish
 		})
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
+	return fwds
 }
 
 // received is one message as a consumer read it from the broker.

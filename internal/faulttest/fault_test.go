@@ -39,18 +39,25 @@ const (
 
 // Fault kinds.
 const (
-	kindKill         = "sigkill"
-	kindKillMid      = "sigkill-mid-publish"
-	kindConns        = "terminate-forwarder-backends"
-	kindListener     = "terminate-listener-backends"
-	kindTargetFail   = "target-500"
-	kindTargetHang   = "target-hang"
-	kindSigterm      = "sigterm"
-	kindPGRestart    = "postgres-restart"
-	defaultDuration  = 100 * time.Second
-	producers        = 4
-	producerInterval = 40 * time.Millisecond
-	keys             = 40
+	kindKill        = "sigkill"
+	kindKillMid     = "sigkill-mid-publish"
+	kindConns       = "terminate-forwarder-backends"
+	kindListener    = "terminate-listener-backends"
+	kindTargetFail  = "target-500"
+	kindTargetHang  = "target-hang"
+	kindSigterm     = "sigterm"
+	kindPGRestart   = "postgres-restart"
+	defaultDuration = 100 * time.Second
+	// faultMaxAttempts is the workers' MaxAttempts: low enough that the
+	// target's outages outlast the retry schedule (faultRetrySchedule,
+	// the worker's backoff of 50 ms doubling to 500 ms with jitter of
+	// 0.25, at its longest), high enough that the kills, each charging the
+	// records in flight one attempt, do not dead-letter a record.
+	faultMaxAttempts   = 8
+	faultRetrySchedule = 2812500 * time.Microsecond // 1.25 * (50+100+200+400+3*500) ms
+	producers          = 4
+	producerInterval   = 40 * time.Millisecond
+	keys               = 40
 )
 
 // fault is one injected fault.
@@ -188,6 +195,7 @@ func newSuite(t *testing.T, pool *pgxpool.Pool, bin string) *suite {
 		rng: rand.New(rand.NewPCG(seed, 7)),
 		args: workerArgs{
 			bin: bin, db: databaseURL(), table: table, channel: channel, target: tg.url, logDir: t.TempDir(),
+			extra: []string{"-max-attempts", strconv.Itoa(faultMaxAttempts)},
 		},
 		ledger: ledger{committed: map[string]string{}, rolledBack: map[string]bool{}, uncertain: map[string]string{}, tx: map[string]int{}},
 	}
@@ -519,7 +527,10 @@ FROM pg_stat_activity WHERE application_name = $1 AND `+cond, ApplicationNamePre
 		if kind == kindTargetHang {
 			mode = modeHang
 		}
-		d := time.Second + time.Duration(s.rng.Int64N(int64(1500*time.Millisecond)))
+		// Longer than a record's whole retry schedule: without outage
+		// detection every record tried during it would be dead-lettered,
+		// and the drain finds none.
+		d := faultRetrySchedule + time.Second + time.Duration(s.rng.Int64N(int64(1500*time.Millisecond)))
 		f := fault{Kind: kind, At: time.Now(), Detail: "for " + d.Round(time.Millisecond).String()}
 		s.tg.setMode(mode)
 		time.Sleep(d) // the length of the outage
