@@ -105,6 +105,10 @@ func checkRecord(r storage.Record) (string, error) {
 			return "", fmt.Errorf("%w: %s is %d characters, at most %d fit", storage.ErrInvalidRecord, f.name, n, maxTextLen)
 		}
 	}
+	if strings.HasSuffix(r.Key, " ") {
+		return "", fmt.Errorf("%w: key %q ends in a space: MySQL and MariaDB compare text ignoring trailing spaces (PAD SPACE), so it would share the order of key %q",
+			storage.ErrInvalidRecord, r.Key, strings.TrimRight(r.Key, " "))
+	}
 	if r.Metadata == nil {
 		return "", nil
 	}

@@ -66,13 +66,13 @@ func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, 
 		idList(&b, p.IDs)
 		b.WriteByte(')')
 	case p.Key != "":
-		b.WriteString("`key` = ")
-		strLit(&b, validText(p.Key))
+		b.WriteString("TRUE")
+		exactly(&b, "`key`", validText(p.Key))
 	case p.All:
 		b.WriteString("TRUE")
 	default:
-		b.WriteString("topic = ")
-		strLit(&b, validText(p.Topic))
+		b.WriteString("TRUE")
+		exactly(&b, "topic", validText(p.Topic))
 	}
 	var n int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {

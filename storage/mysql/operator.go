@@ -36,8 +36,8 @@ func (s *Storage) heldKeysSQL(count bool, afterKey string, limit int) string {
 		strLit(&after, afterKey)
 	}
 	var b strings.Builder
-	b.WriteString("SELECT o.`key`, o.id, o.status, COALESCE(o.leased_by, '') AS leased_by, " + micros("o.leased_until") + " AS leased_until, " +
-		micros("o.due_at") + " AS due_at, COALESCE(o.last_error, '') AS last_error, " + micros("o.created_at") + " AS created_at,\n" +
+	b.WriteString("SELECT " + bin("o.`key`") + " AS `key`, o.id, o.status, " + bin("COALESCE(o.leased_by, '')") + " AS leased_by, " + micros("o.leased_until") + " AS leased_until, " +
+		micros("o.due_at") + " AS due_at, " + bin("COALESCE(o.last_error, '')") + " AS last_error, " + micros("o.created_at") + " AS created_at,\n" +
 		"    COALESCE(o.leased_until > UTC_TIMESTAMP(6), 0) AS live,\n" +
 		"    (SELECT COUNT(*) FROM " + t + " AS b WHERE b.`key` = o.`key` AND b.status = 'pending' AND b.id > o.id) AS behind\n" +
 		"FROM (\n    SELECT id FROM " + t + " WHERE status = 'pending' AND parked = 0 AND due_at > UTC_TIMESTAMP(6) AND `key` <> ''" + after.String())
@@ -95,17 +95,17 @@ func (s *Storage) HeldKeys(ctx context.Context, params storage.HeldKeysParams) (
 
 // infoColumns are the columns scanInfo reads from the outbox table; %s is
 // the payload column (NULL to leave it out).
-const infoColumns = "id, uuid, topic, `key`, %s, metadata, attempts, " +
-	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), status, last_error, leased_by, " +
+var infoColumns = "id, CAST(uuid AS BINARY), CAST(topic AS BINARY), CAST(`key` AS BINARY), %s, " + binJSON("metadata") + ", attempts, " +
+	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), status, CAST(last_error AS BINARY), CAST(leased_by AS BINARY), " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', leased_until), " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', due_at), " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', delivered_at), NULL, NULL"
 
 // skippedColumns are the same from the skipped table.
-const skippedColumns = "id, uuid, topic, `key`, payload, metadata, attempts, " +
-	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), 'skipped', last_error, NULL, NULL, " +
+var skippedColumns = "id, CAST(uuid AS BINARY), CAST(topic AS BINARY), CAST(`key` AS BINARY), payload, " + binJSON("metadata") + ", attempts, " +
+	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), 'skipped', CAST(last_error AS BINARY), NULL, NULL, " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', dead_at), NULL, " +
-	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', skipped_at), reason"
+	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', skipped_at), CAST(reason AS BINARY)"
 
 func scanInfo(row interface{ Scan(...any) error }) (storage.RecordInfo, error) {
 	var (
@@ -188,12 +188,10 @@ func (s *Storage) listDeadSQL(params storage.ListDeadParams) string {
 	}
 	fmt.Fprintf(&b, "SELECT "+infoColumns+" FROM %s%s WHERE status = 'dead' AND delivered_at IS NULL AND id > %d", "NULL", s.table, index, params.AfterID)
 	if params.Topic != "" {
-		b.WriteString(" AND topic = ")
-		strLit(&b, validText(params.Topic))
+		exactly(&b, "topic", validText(params.Topic))
 	}
 	if params.Key != "" {
-		b.WriteString(" AND `key` = ")
-		strLit(&b, validText(params.Key))
+		exactly(&b, "`key`", validText(params.Key))
 	}
 	if params.ErrorContains != "" {
 		b.WriteString(" AND LOCATE(")
@@ -234,7 +232,7 @@ func (s *Storage) Skip(ctx context.Context, params storage.SkipParams) error {
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		status = ""
 		var key []byte
-		err := tx.QueryRowContext(ctx, fmt.Sprintf("SELECT status, `key` FROM %s WHERE id = %d FOR UPDATE", s.table, params.ID)).Scan(&status, &key)
+		err := tx.QueryRowContext(ctx, fmt.Sprintf("SELECT status, CAST(`key` AS BINARY) FROM %s WHERE id = %d FOR UPDATE", s.table, params.ID)).Scan(&status, &key)
 		if errors.Is(err, sql.ErrNoRows) {
 			var n int
 			if err := tx.QueryRowContext(ctx, fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE id = %d", s.SkippedTable(), params.ID)).Scan(&n); err != nil {

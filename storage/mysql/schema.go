@@ -107,7 +107,8 @@ func (s *Storage) versionTableSQL() string {
 //
 // Times are DATETIME(6) in UTC, written and compared with UTC_TIMESTAMP(6),
 // so the session time zone does not matter. Keys, topics and uuids compare
-// byte for byte (utf8mb4_bin).
+// by code point (utf8mb4_bin); see the package documentation for trailing
+// spaces.
 func (s *Storage) SchemaSQL() string {
 	var b strings.Builder
 	for _, m := range s.Migrations() {
