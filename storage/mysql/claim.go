@@ -42,6 +42,9 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	if err := checkWorker(p.WorkerID); err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
+	if err := s.sweepIfDue(ctx); err != nil {
+		return nil, fmt.Errorf("claim outbox rows from %s: sweep parked rows: %w", s.table, err)
+	}
 	var out []storage.Record
 	var err error
 	// A claim InnoDB rolled back as a deadlock victim runs again at once

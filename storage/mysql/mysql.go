@@ -172,6 +172,10 @@ type Storage struct {
 	// retried), claimDeadlocks those of claims, for the tests that prove
 	// there are none.
 	deadlocks, claimDeadlocks atomic.Int64
+
+	// nextSweep is when the next claim sweeps parked rows (Unix
+	// nanoseconds; 0: the first claim does).
+	nextSweep atomic.Int64
 }
 
 var (

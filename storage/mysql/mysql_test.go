@@ -287,6 +287,13 @@ func TestHeldBackRowsNotWalked(t *testing.T) {
 	if p := parkedIDs(t, s); len(p) != behind || p[0] != ids[1] {
 		t.Fatalf("%d rows parked, want %d", len(p), behind)
 	}
+	// The sweep leaves them parked: each is behind the head.
+	sweepStart := time.Now()
+	must(t, s.sweep(t.Context()))
+	t.Logf("sweep of %d parked rows: %v", behind, time.Since(sweepStart))
+	if p := parkedIDs(t, s); len(p) != behind {
+		t.Fatalf("%d rows parked after the sweep, want %d", len(p), behind)
+	}
 	others := make([]string, 100)
 	for i := range others {
 		others[i] = fmt.Sprint("k", i)
