@@ -78,7 +78,7 @@ func TestDiagnosePrivileges(t *testing.T) {
 	db, err := sql.Open("mysql", cfg.FormatDSN())
 	must(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	ro, err := New(db, Config{Table: s.name})
+	ro, err := New(db, Config{Table: s.config.Table})
 	must(t, err)
 	f := findings(t, ro)["privileges"]
 	if f.Severity != storage.SeverityProblem {

@@ -165,7 +165,6 @@ type Storage struct {
 	config Config
 	table  string   // quoted for SQL
 	parts  []string // [database,] table, unquoted
-	name   string   // as configured, for GET_LOCK
 	hold   bool     // Config.HoldOnDeadLetter
 
 	// deadlocks counts the deadlocks InnoDB reported to this storage (each
@@ -207,7 +206,7 @@ func New(db *sql.DB, config Config) (*Storage, error) {
 		return nil, fmt.Errorf("mysql: invalid config: %w", err)
 	}
 	parts, _ := parseTable(config.Table)
-	return &Storage{db: db, config: config, table: quoteIdent(parts), parts: parts, name: config.Table, hold: config.HoldOnDeadLetter}, nil
+	return &Storage{db: db, config: config, table: quoteIdent(parts), parts: parts, hold: config.HoldOnDeadLetter}, nil
 }
 
 // Table returns the outbox table as quoted in SQL, for example `app`.`outbox`.

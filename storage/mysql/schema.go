@@ -2,7 +2,9 @@ package mysql
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"embed"
 	"fmt"
 	"strings"
@@ -161,7 +163,10 @@ func (s *Storage) migrateSteps(ctx context.Context, target int) (applied []int, 
 		return nil, err
 	}
 	defer func() { _ = conn.Close() }()
-	lock := "txoutbox schema " + s.name
+	lock, err := s.lockName(ctx, conn)
+	if err != nil {
+		return nil, fmt.Errorf("lock: %w", err)
+	}
 	var got sql.NullInt64
 	// GET_LOCK is held by the session: take and release it on one connection.
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, SchemaLockTimeout).Scan(&got); err != nil {
@@ -276,6 +281,26 @@ func (s *Storage) MigrationStatus(ctx context.Context) (storage.MigrationStatus,
 		return st, fmt.Errorf("read outbox schema version of %s: %w", s.table, err)
 	}
 	return st, nil
+}
+
+// lockName is the name of the schema lock of the table: a hash of its
+// database and name, so that every spelling of one table ("outbox",
+// "app.outbox") takes one lock, and the name stays within MySQL 8's 64
+// characters for any table. An unqualified table is in the connection's
+// current database.
+func (s *Storage) lockName(ctx context.Context, conn *sql.Conn) (string, error) {
+	db := ""
+	if len(s.parts) == 2 {
+		db = s.parts[0]
+	} else {
+		var cur sql.NullString
+		if err := conn.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&cur); err != nil {
+			return "", fmt.Errorf("current database: %w", err)
+		}
+		db = cur.String
+	}
+	sum := sha256.Sum256([]byte(db + "." + s.parts[len(s.parts)-1]))
+	return "txoutbox schema " + hex.EncodeToString(sum[:16]), nil
 }
 
 // isNoSuchTable reports ER_NO_SUCH_TABLE.
