@@ -58,7 +58,10 @@ func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, refs []storage.Clai
 // and it runs again). acked holds one row of each key this transaction
 // changed.
 func (s *Storage) promote(ctx context.Context, tx *sql.Tx, acked []int64, keys []string) error {
-	if len(keys) == 0 || s.config.DisableStrictOrdering {
+	// Without strict ordering too: a row parked by a process with it (a
+	// rolling deploy that turns it off or on) is then set free as it would
+	// be there.
+	if len(keys) == 0 {
 		return nil
 	}
 	// Nothing parked at all (a plain read of one claim_idx entry, after

@@ -12,12 +12,13 @@ import (
 // does it at once.
 //
 // A row parked behind an earlier row of its key is set free by that row's
-// ack or dead-letter. Configuration changes break this: a process without
-// strict ordering acks without setting anything free (and its claims skip
-// parked rows like any claim), and a process without HoldOnDeadLetter never
-// sees the rows parked behind a dead row. Setting a row free is always
-// safe: a claim that walks it checks its key again and parks it again when
-// it is still held back.
+// ack or dead-letter (with or without strict ordering), or its skip.
+// Configuration changes leave two kinds of parked rows that nothing sets
+// free: without strict ordering, every parked row (claims skip parked rows
+// whatever the configuration); without HoldOnDeadLetter, the rows parked
+// behind a dead row by a process with it. Setting a row free is always
+// safe: a claim that walks it checks its key again, and parks it again
+// when it is still held back.
 const SweepInterval = time.Minute
 
 // sweepBatch is how many parked rows one sweep statement sets free.
@@ -34,21 +35,24 @@ func (s *Storage) sweepIfDue(ctx context.Context) error {
 	return s.sweep(ctx)
 }
 
-// sweep sets free the parked rows that nothing else would: without strict
-// ordering every parked row; with it, each parked row that is the lowest
-// pending row of its key (and, with HoldOnDeadLetter, has no dead row of
-// its key before it). It finds them with plain reads (a consistent read of
-// the parked rows on claim_idx, each checked on key_idx), then unparks them
-// by primary key, [sweepBatch] at a time, each batch its own READ COMMITTED
-// transaction. The cost grows with the number of parked rows: one key_idx
-// probe each.
+// sweep sets free the parked rows that nothing else would, with plain
+// reads, then by primary key, [sweepBatch] at a time, each batch its own
+// READ COMMITTED transaction. Without strict ordering: every parked row
+// (one claim_idx entry read when there is none). With strict ordering and
+// without HoldOnDeadLetter: the lowest pending row of each key with a dead
+// row, when it is parked (the dead rows read on done_idx, each key probed
+// on key_idx). With HoldOnDeadLetter nothing is stranded: there is nothing
+// to do.
 func (s *Storage) sweep(ctx context.Context) error {
-	q := "SELECT p.id FROM " + s.table + " p FORCE INDEX (claim_idx) WHERE p.status = 'pending' AND p.parked = 1"
-	if !s.config.DisableStrictOrdering {
-		q += " AND p.id = " + s.lowestOf("pending", "p")
-		if s.hold {
-			q += " AND NOT EXISTS (SELECT 1 FROM " + s.table + " d FORCE INDEX (key_idx) WHERE d.`key` = p.`key` AND d.status = 'dead' AND d.id < p.id)"
-		}
+	var q string
+	switch {
+	case s.config.DisableStrictOrdering:
+		q = "SELECT id FROM " + s.table + " FORCE INDEX (claim_idx) WHERE status = 'pending' AND parked = 1"
+	case !s.hold:
+		q = "SELECT p.id FROM (SELECT DISTINCT `key` FROM " + s.table + " FORCE INDEX (done_idx) WHERE status = 'dead' AND `key` <> '') AS d\n" +
+			"JOIN " + s.table + " AS p ON p.id = " + s.lowestOf("pending", "d") + " WHERE p.status = 'pending' AND p.parked = 1"
+	default:
+		return nil
 	}
 	for {
 		var ids []int64
