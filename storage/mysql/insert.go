@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -69,6 +70,9 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 		metadata[i] = m
 		sizes[i] = recordBytes(r, m)
 		total += sizes[i]
+	}
+	if err := s.lockKeys(ctx, sqlTx, records); err != nil {
+		return err
 	}
 	head := "INSERT INTO " + s.table + " (uuid, topic, `key`, payload, metadata, created_at, due_at) VALUES "
 	budget := math.MaxInt
@@ -196,4 +200,47 @@ func checkRecord(r storage.Record) (string, error) {
 		return "", fmt.Errorf("%w: metadata: %w", storage.ErrInvalidRecord, err)
 	}
 	return string(b), nil
+}
+
+// keyLocksPerStatement bounds the keys one statement of lockKeys locks.
+const keyLocksPerStatement = 1000
+
+// lockKeys takes the key locks of records in the producer's transaction
+// (see [Config.DisableKeyLocks]): one row of [Storage.KeyTable] per key,
+// inserted or updated, in key order, so that one call never deadlocks
+// another.
+func (s *Storage) lockKeys(ctx context.Context, tx *sql.Tx, records []storage.Record) error {
+	if s.config.DisableKeyLocks || s.config.DisableStrictOrdering {
+		return nil
+	}
+	keys := make([]string, 0, len(records))
+	for _, r := range records {
+		if r.Key != "" {
+			keys = append(keys, r.Key)
+		}
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	for len(keys) > 0 {
+		n := min(len(keys), keyLocksPerStatement)
+		var b strings.Builder
+		b.WriteString("INSERT INTO " + s.KeyTable() + " (`key`, seq) VALUES ")
+		for i, k := range keys[:n] {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteByte('(')
+			strLit(&b, k)
+			b.WriteString(",1)")
+		}
+		b.WriteString(" ON DUPLICATE KEY UPDATE seq = seq + 1")
+		if _, err := tx.ExecContext(ctx, b.String()); err != nil {
+			if isNoSuchTable(err) {
+				return fmt.Errorf("insert outbox rows: lock their keys in %s: %w (the schema is older than this code: run Migrate)", s.KeyTable(), err)
+			}
+			return fmt.Errorf("insert outbox rows: lock their keys in %s: %w", s.KeyTable(), err)
+		}
+		keys = keys[n:]
+	}
+	return nil
 }

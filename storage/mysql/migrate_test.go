@@ -86,8 +86,11 @@ func TestMigrateUpgradeFromVersion1(t *testing.T) {
 		t.Fatalf("Record on a version-1 table = %v, want the skipped table missing", err)
 	}
 	// a1 dead, a2 a3 parked behind it; b1 leased, b2 parked behind it; c1
-	// delivered; k keyless pending.
-	ids := insert(t, s, recs("a", "b", "c", "", "a", "a", "b")...)
+	// delivered; k keyless pending. (Inserted without key locks: their table
+	// is step 3.)
+	old, err := New(db, Config{Table: name, DisableKeyLocks: true})
+	must(t, err)
+	ids := insert(t, old, recs("a", "b", "c", "", "a", "a", "b")...)
 	a1, b1, c1, k, a2, a3, b2 := ids[0], ids[1], ids[2], ids[3], ids[4], ids[5], ids[6]
 	got := claim(t, s, "w1", 3, time.Hour) // a1 b1 c1; a2 a3 b2 parked
 	if !slices.Equal(idsOf(got), []int64{a1, b1, c1}) {
@@ -133,6 +136,7 @@ func TestMigrateUpgradeFromVersion1(t *testing.T) {
 	if got := claim(t, s, "w2", 10, time.Hour); !slices.Equal(idsOf(got), []int64{b2}) {
 		t.Fatalf("claimed %v after b1's ack, want [%d]", idsOf(got), b2)
 	}
+	insert(t, s, rec("a")) // with the key locks
 	must(t, s.Skip(t.Context(), storage.SkipParams{ID: a1, Reason: "upgrade test"}))
 	if info, err := s.Record(t.Context(), a1); err != nil || info.Status != storage.StatusSkipped || info.LastError != "poison" {
 		t.Fatalf("Record of the skipped row = %+v, %v", info, err)
@@ -252,7 +256,7 @@ func TestSchemaLockName(t *testing.T) {
 	name := newTable(t, db)
 	long := name + strings.Repeat("x", maxIdentifierLen-len(migrationsSuffix)-len(name))
 	t.Cleanup(func() {
-		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+long+"`, `"+long+"_skipped`, `"+long+"_migrations`")
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+long+"`, `"+long+"_skipped`, `"+long+"_migrations`, `"+long+"_keys`")
 	})
 	var dbName string
 	must(t, db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&dbName))

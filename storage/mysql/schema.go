@@ -43,6 +43,7 @@ func LatestVersion() int { return len(loadSteps()) }
 const (
 	migrationsSuffix = "_migrations"
 	skippedSuffix    = "_skipped"
+	keysSuffix       = "_keys"
 )
 
 // MigrationTable returns the version table, quoted: the outbox table's name
@@ -54,6 +55,11 @@ func (s *Storage) MigrationTable() string { return s.sibling(migrationsSuffix) }
 // same database.
 func (s *Storage) SkippedTable() string { return s.sibling(skippedSuffix) }
 
+// KeyTable returns the table of key locks, quoted: the outbox table's name
+// with "_keys" appended, in the same database. Insert takes a lock on each
+// of its records' keys there (see [Config.DisableKeyLocks]).
+func (s *Storage) KeyTable() string { return s.sibling(keysSuffix) }
+
 func (s *Storage) sibling(suffix string) string {
 	parts := append([]string(nil), s.parts...)
 	parts[len(parts)-1] += suffix
@@ -61,7 +67,7 @@ func (s *Storage) sibling(suffix string) string {
 }
 
 func (s *Storage) render(sqlText string) string {
-	return strings.NewReplacer("{table}", s.table, "{skipped}", s.SkippedTable()).Replace(sqlText)
+	return strings.NewReplacer("{table}", s.table, "{skipped}", s.SkippedTable(), "{keys}", s.KeyTable()).Replace(sqlText)
 }
 
 // Migrations implements [storage.Migrator]: the steps with their SQL for

@@ -1,0 +1,218 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// producer is a transaction inserting records on a connection of its own.
+type producer struct {
+	tx     *sql.Tx
+	connID int64
+}
+
+func begin(t *testing.T, s *Storage) producer {
+	t.Helper()
+	tx, err := s.db.BeginTx(t.Context(), nil)
+	must(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	var p producer
+	p.tx = tx
+	must(t, tx.QueryRowContext(t.Context(), "SELECT CONNECTION_ID()").Scan(&p.connID))
+	return p
+}
+
+// insertTx inserts records in tx and returns the first id.
+func insertTx(ctx context.Context, s *Storage, tx *sql.Tx, records ...storage.Record) (int64, error) {
+	if err := s.Insert(ctx, tx, records); err != nil {
+		return 0, err
+	}
+	var id int64
+	err := tx.QueryRowContext(ctx, "SELECT LAST_INSERT_ID()").Scan(&id)
+	return id, err
+}
+
+// lockWaiting reports whether connection id waits for a row lock.
+func lockWaiting(t *testing.T, s *Storage, id int64) bool {
+	t.Helper()
+	var n int
+	must(t, s.db.QueryRowContext(t.Context(), "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id = ?", id).Scan(&n))
+	return n > 0
+}
+
+// TestKeyLocksKeepCommitOrder: two real transactions on one key, the one
+// with the smaller id committing last. With the key locks (the default) the
+// second producer's Insert waits for the first to commit, so the records
+// are claimed in id order; without them, the later id is claimed first.
+// Producers of another key do not wait.
+func TestKeyLocksKeepCommitOrder(t *testing.T) {
+	t.Parallel()
+	t.Run("default", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t, Config{})
+		ctx := t.Context()
+		first := begin(t, s)
+		id1, err := insertTx(ctx, s, first.tx, rec("k"))
+		must(t, err)
+
+		// Another key goes on at once.
+		other := begin(t, s)
+		_, err = insertTx(ctx, s, other.tx, rec("other"))
+		must(t, err)
+		must(t, other.tx.Commit())
+
+		second := begin(t, s)
+		type result struct {
+			id  int64
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			id, err := insertTx(ctx, s, second.tx, rec("k"))
+			if err == nil {
+				err = second.tx.Commit()
+			}
+			done <- result{id, err}
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for !lockWaiting(t, s, second.connID) {
+			select {
+			case r := <-done:
+				t.Fatalf("the second producer of key k committed (id %d, %v) while the first (id %d) was open", r.id, r.err, id1)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the second producer of key k neither waited nor finished in 10 s")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		got := claim(t, s, "w", 10, time.Minute)
+		if len(got) != 1 || got[0].Key != "other" {
+			t.Fatalf("claim while the first producer is open = %+v, want only the other key's record", got)
+		}
+		must(t, first.tx.Commit())
+		r := <-done
+		must(t, r.err)
+		if r.id <= id1 {
+			t.Fatalf("second id %d, first %d", r.id, id1)
+		}
+		if got := claim(t, s, "w", 10, time.Minute); !slices.Equal(idsOf(got), []int64{id1, r.id}) {
+			t.Fatalf("claim = %v, want [%d %d]", idsOf(got), id1, r.id)
+		}
+	})
+	t.Run("without key locks", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t, Config{DisableKeyLocks: true})
+		ctx := t.Context()
+		first := begin(t, s)
+		id1, err := insertTx(ctx, s, first.tx, rec("k"))
+		must(t, err)
+		second := begin(t, s)
+		id2, err := insertTx(ctx, s, second.tx, rec("k"))
+		must(t, err)
+		must(t, second.tx.Commit())
+		if got := claim(t, s, "w", 10, time.Minute); !slices.Equal(idsOf(got), []int64{id2}) {
+			t.Fatalf("claim = %v, want [%d]: without key locks the later id is claimed before %d commits", idsOf(got), id2, id1)
+		}
+		must(t, first.tx.Commit())
+	})
+}
+
+// TestKeyLocksManyProducers: many producers on few keys, each committing a
+// transaction of one or two records while a forwarder claims and acks: every
+// key's records are claimed in id order, none twice. (With DisableKeyLocks
+// the same run claimed records of every key out of id order.)
+func TestKeyLocksManyProducers(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	const producers, txs, keys = 12, 15, 3
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	var total int64
+	var mu sync.Mutex
+	for p := range producers {
+		wg.Go(func() {
+			for i := range txs {
+				key := fmt.Sprint("k", (p+i)%keys)
+				n := 1 + i%2
+				err := func() error {
+					tx, err := s.db.BeginTx(ctx, nil)
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback() //nolint:errcheck // no-op after commit
+					records := make([]storage.Record, n)
+					for j := range records {
+						records[j] = rec(key)
+					}
+					if err := s.Insert(ctx, tx, records); err != nil {
+						return err
+					}
+					// Some work in the producer's transaction after its insert,
+					// 0 to 9 ms, so that transactions commit out of id order.
+					if _, err := tx.ExecContext(ctx, fmt.Sprintf("DO SLEEP(0.00%d)", (p*7+i*3)%10)); err != nil {
+						return err
+					}
+					return tx.Commit()
+				}()
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				total += int64(n)
+				mu.Unlock()
+			}
+		})
+	}
+	produced := make(chan struct{})
+	go func() { wg.Wait(); close(produced) }()
+	seen := map[string][]int64{}
+	count := int64(0)
+	deadline := time.Now().Add(2 * time.Minute)
+	for finished := false; ; {
+		select {
+		case <-produced:
+			finished = true
+		default:
+		}
+		got := claim(t, s, "w", 50, time.Minute)
+		for _, r := range got {
+			seen[r.Key] = append(seen[r.Key], r.ID)
+		}
+		count += int64(len(got))
+		if len(got) > 0 {
+			refs := make([]storage.ClaimRef, len(got))
+			for i, r := range got {
+				refs[i] = r.Ref()
+			}
+			must(t, s.Ack(ctx, storage.AckParams{Records: refs, WorkerID: "w"}))
+		}
+		mu.Lock()
+		all := total
+		mu.Unlock()
+		if finished && count == all {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claimed %d of %d records in 2 minutes", count, all)
+		}
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for k, ids := range seen {
+		if !slices.IsSorted(ids) || len(slices.Compact(slices.Clone(ids))) != len(ids) {
+			t.Errorf("key %s claimed in the order %v, want id order, each once", k, ids)
+		}
+	}
+}
