@@ -71,9 +71,6 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 		sizes[i] = recordBytes(r, m)
 		total += sizes[i]
 	}
-	if err := s.lockKeys(ctx, sqlTx, records); err != nil {
-		return err
-	}
 	head := "INSERT INTO " + s.table + " (uuid, topic, `key`, payload, metadata, created_at, due_at) VALUES "
 	budget := math.MaxInt
 	if total+len(head) > smallStatementBytes {
@@ -88,6 +85,9 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 					i, r.UUID, storage.ErrInvalidRecord, len(r.Payload), sizes[i]+len(head)+packetMargin, packet)
 			}
 		}
+	}
+	if err := s.lockKeys(ctx, sqlTx, records); err != nil {
+		return err
 	}
 	split := min(budget, maxStatementBytes)
 	due := plusMicros("UTC_TIMESTAMP(6)", s.config.VisibilityDelay)
