@@ -39,19 +39,24 @@ func insertTx(ctx context.Context, s *Storage, tx *sql.Tx, records ...storage.Re
 	return id, err
 }
 
-// lockWaiting reports whether connection id waits for a row lock.
-func lockWaiting(t *testing.T, s *Storage, id int64) bool {
+// lockWaitTimeout makes the session's lock waits time out after one
+// second (on), or resets it (off), before the pool gets the connection back.
+func lockWaitTimeout(t *testing.T, p producer, on bool) {
 	t.Helper()
-	var n int
-	must(t, s.db.QueryRowContext(t.Context(), "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id = ?", id).Scan(&n))
-	return n > 0
+	q := "SET SESSION innodb_lock_wait_timeout = DEFAULT"
+	if on {
+		q = "SET SESSION innodb_lock_wait_timeout = 1"
+	}
+	_, err := p.tx.ExecContext(t.Context(), q)
+	must(t, err)
 }
 
 // TestKeyLocksKeepCommitOrder: two real transactions on one key, the one
-// with the smaller id committing last. With the key locks (the default) the
-// second producer's Insert waits for the first to commit, so the records
-// are claimed in id order; without them, the later id is claimed first.
-// Producers of another key do not wait.
+// with the smaller id open while the other inserts. With the key locks (the
+// default) the second producer's Insert waits for the first (here until its
+// one-second lock wait timeout), so it can neither take a larger id nor
+// commit first; producers of another key do not wait. Without them, the
+// second commits first and its record is claimed before the first's.
 func TestKeyLocksKeepCommitOrder(t *testing.T) {
 	t.Parallel()
 	t.Run("default", func(t *testing.T) {
@@ -62,49 +67,34 @@ func TestKeyLocksKeepCommitOrder(t *testing.T) {
 		id1, err := insertTx(ctx, s, first.tx, rec("k"))
 		must(t, err)
 
-		// Another key goes on at once.
+		// Another key does not wait.
 		other := begin(t, s)
+		lockWaitTimeout(t, other, true)
 		_, err = insertTx(ctx, s, other.tx, rec("other"))
 		must(t, err)
+		lockWaitTimeout(t, other, false)
 		must(t, other.tx.Commit())
 
+		// The same key waits for the first producer.
 		second := begin(t, s)
-		type result struct {
-			id  int64
-			err error
+		lockWaitTimeout(t, second, true)
+		_, err = insertTx(ctx, s, second.tx, rec("k"))
+		lockWaitTimeout(t, second, false)
+		if mysqlErrNumber(err) != errLockWaitTimeout {
+			t.Fatalf("Insert of key k while another producer of it is open = %v, want a lock wait timeout", err)
 		}
-		done := make(chan result, 1)
-		go func() {
-			id, err := insertTx(ctx, s, second.tx, rec("k"))
-			if err == nil {
-				err = second.tx.Commit()
-			}
-			done <- result{id, err}
-		}()
-		deadline := time.Now().Add(10 * time.Second)
-		for !lockWaiting(t, s, second.connID) {
-			select {
-			case r := <-done:
-				t.Fatalf("the second producer of key k committed (id %d, %v) while the first (id %d) was open", r.id, r.err, id1)
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the second producer of key k neither waited nor finished in 10 s")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		must(t, second.tx.Rollback())
 		got := claim(t, s, "w", 10, time.Minute)
 		if len(got) != 1 || got[0].Key != "other" {
 			t.Fatalf("claim while the first producer is open = %+v, want only the other key's record", got)
 		}
 		must(t, first.tx.Commit())
-		r := <-done
-		must(t, r.err)
-		if r.id <= id1 {
-			t.Fatalf("second id %d, first %d", r.id, id1)
-		}
-		if got := claim(t, s, "w", 10, time.Minute); !slices.Equal(idsOf(got), []int64{id1, r.id}) {
-			t.Fatalf("claim = %v, want [%d %d]", idsOf(got), id1, r.id)
+		third := begin(t, s)
+		id3, err := insertTx(ctx, s, third.tx, rec("k"))
+		must(t, err)
+		must(t, third.tx.Commit())
+		if got := claim(t, s, "w", 10, time.Minute); !slices.Equal(idsOf(got), []int64{id1, id3}) {
+			t.Fatalf("claim = %v, want [%d %d]", idsOf(got), id1, id3)
 		}
 	})
 	t.Run("without key locks", func(t *testing.T) {
