@@ -206,3 +206,35 @@ func TestKeyLocksManyProducers(t *testing.T) {
 		}
 	}
 }
+
+// TestPurgeKeys: Purge deletes the key lock rows no producer holds, and
+// leaves the one an open producer holds; producers go on either way.
+func TestPurgeKeys(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	insert(t, s, recs("a", "b", "c😀")...)
+	open := begin(t, s)
+	_, err := insertTx(ctx, s, open.tx, rec("a"))
+	must(t, err)
+	if _, err := s.Purge(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	rows, err := s.db.QueryContext(ctx, "SELECT CAST(`key` AS BINARY) FROM "+s.KeyTable()+" ORDER BY `key`")
+	must(t, err)
+	for rows.Next() {
+		var k string
+		must(t, rows.Scan(&k))
+		left = append(left, k)
+	}
+	must(t, rows.Err())
+	if !slices.Equal(left, []string{"a"}) {
+		t.Fatalf("key rows after Purge = %q, want only the held %q", left, "a")
+	}
+	must(t, open.tx.Commit())
+	insert(t, s, recs("a", "b")...)
+	if st := mustStats(t, s); st.Pending != 6 {
+		t.Fatalf("Stats = %+v, want 6 pending", st)
+	}
+}
