@@ -49,8 +49,8 @@
 //     [Storage.ListDead], [Storage.Record], [Storage.Redrive],
 //     [Storage.Skip], [Storage.Purge], [Storage.MigrationStatus],
 //     [Storage.MigrateReport], [Storage.Diagnose].
-//   - Introspection, for tools: [Storage.Table], [Storage.SkippedTable], [Storage.KeyTable],
-//     [Storage.MigrationTable], [Storage.StrictOrdering],
+//   - Introspection, for tools: [Storage.Table], [Storage.SkippedTable],
+//     [Storage.KeyTable], [Storage.MigrationTable], [Storage.StrictOrdering],
 //     [Storage.HoldOnDeadLetter].
 //
 // # Table
