@@ -50,7 +50,7 @@ func run(ctx context.Context, dsn string, out io.Writer) error {
 	defer db.Close()
 	suffix := strings.ToLower(watermill.NewShortUUID())
 	ordersTable, outboxTable := "orders_"+suffix, "outbox_"+suffix
-	defer db.ExecContext(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+ordersTable+", "+outboxTable+", "+outboxTable+"_skipped, "+outboxTable+"_migrations") //nolint:errcheck // example clean-up
+	defer db.ExecContext(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+ordersTable+", "+outboxTable+", "+outboxTable+"_skipped, "+outboxTable+"_migrations, "+outboxTable+"_keys") //nolint:errcheck // example clean-up
 
 	// The database: your business table and the outbox table.
 	outbox, err := mysql.New(db, mysql.Config{Table: outboxTable})

@@ -2,6 +2,8 @@ package mysql
 
 import (
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,6 +56,43 @@ func BenchmarkClaimAck(b *testing.B) {
 					b.ReportMetric(float64(ackT.Microseconds())/float64(batches)/1000, "ack-ms")
 					b.ReportMetric(float64(n)/float64(batches), "rows/claim")
 				}
+			})
+		}
+	}
+}
+
+// BenchmarkProducer measures a producer's transaction (begin, Insert of one
+// record, commit) with and without the key locks, from 8 goroutines at once,
+// their records on 1000 keys (spread out) or on one key (every producer
+// waits for the one before it).
+func BenchmarkProducer(b *testing.B) {
+	for _, locks := range []bool{true, false} {
+		for _, keys := range []int{1000, 1} {
+			b.Run(fmt.Sprintf("locks=%v/keys=%d", locks, keys), func(b *testing.B) {
+				s := newStore(b, Config{DisableKeyLocks: !locks})
+				ctx := b.Context()
+				var next atomic.Int64
+				b.SetParallelism(8 / max(runtime.GOMAXPROCS(0), 1))
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						tx, err := s.db.BeginTx(ctx, nil)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						r := rec(fmt.Sprint("k", next.Add(1)%int64(keys)))
+						if err := s.Insert(ctx, tx, []storage.Record{r}); err != nil {
+							_ = tx.Rollback()
+							b.Error(err)
+							return
+						}
+						if err := tx.Commit(); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
 			})
 		}
 	}

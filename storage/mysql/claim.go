@@ -42,6 +42,9 @@ func (s *Storage) Claim(ctx context.Context, p storage.ClaimParams) ([]storage.R
 	if err := checkWorker(p.WorkerID); err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
+	if err := s.sweepIfDue(ctx); err != nil {
+		return nil, fmt.Errorf("claim outbox rows from %s: sweep parked rows: %w", s.table, err)
+	}
 	var out []storage.Record
 	var err error
 	// A claim InnoDB rolled back as a deadlock victim runs again at once
@@ -147,7 +150,7 @@ func (s *Storage) claimWalk(ctx context.Context, tx *sql.Tx, p storage.ClaimPara
 	}
 	// The lock re-checks the walk's conditions on the latest committed
 	// rows: a row may have been claimed or acked since the walk read it.
-	rows, err := tx.QueryContext(ctx, "SELECT id, `key`, COALESCE(leased_until > UTC_TIMESTAMP(6), 0), "+failed+", CAST(UTC_TIMESTAMP(6) AS CHAR) FROM "+s.table+
+	rows, err := tx.QueryContext(ctx, "SELECT id, "+bin("`key`")+", COALESCE(leased_until > UTC_TIMESTAMP(6), 0), "+failed+", CAST(UTC_TIMESTAMP(6) AS CHAR) FROM "+s.table+
 		" FORCE INDEX (PRIMARY)"+due+" AND id IN ("+idsText(walked)+") FOR UPDATE SKIP LOCKED")
 	if err != nil {
 		return nil, 0, "", fmt.Errorf("lock walked rows: %w", err)
@@ -219,7 +222,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 		if s.hold {
 			deadMin = s.lowestOf("dead", "c")
 		}
-		rows, err := tx.QueryContext(ctx, "SELECT c.`key`, "+s.lowestOf("pending", "c")+", "+
+		rows, err := tx.QueryContext(ctx, "SELECT "+bin("c.`key`")+", "+s.lowestOf("pending", "c")+", "+
 			deadMin+" FROM "+s.table+" c WHERE c.id IN ("+idsText(reps)+")")
 		if err != nil {
 			return nil, nil, fmt.Errorf("lowest rows of keys: %w", err)
@@ -325,7 +328,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 				if i > 0 {
 					b.WriteString(" UNION ALL ")
 				}
-				b.WriteString("(SELECT id, `key`, " + okExpr + " FROM " + s.table + " FORCE INDEX (key_idx) WHERE `key` = ")
+				b.WriteString("(SELECT id, " + bin("`key`") + ", " + okExpr + " FROM " + s.table + " FORCE INDEX (key_idx) WHERE `key` = ")
 				strLit(&b, h.key)
 				fmt.Fprintf(&b, " AND status = 'pending' AND id > %d", h.id)
 				if cutoff != 0 {
@@ -342,7 +345,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 					upper = max(upper, c.id+1)
 				}
 			}
-			b.WriteString("SELECT id, `key`, " + okExpr + " FROM " + s.table + " WHERE `key` IN (")
+			b.WriteString("SELECT id, " + bin("`key`") + ", " + okExpr + " FROM " + s.table + " WHERE `key` IN (")
 			for i, h := range keyed {
 				if i > 0 {
 					b.WriteByte(',')
@@ -427,7 +430,7 @@ func (s *Storage) strictPick(ctx context.Context, tx *sql.Tx, cands []candidate,
 
 // readRecords returns the rows ids in id order.
 func (s *Storage) readRecords(ctx context.Context, tx *sql.Tx, ids []int64) ([]storage.Record, error) {
-	rows, err := tx.QueryContext(ctx, "SELECT id, uuid, topic, `key`, payload, metadata, attempts, "+
+	rows, err := tx.QueryContext(ctx, "SELECT id, "+bin("uuid")+", "+bin("topic")+", "+bin("`key`")+", payload, "+binJSON("metadata")+", attempts, "+
 		micros("created_at")+" FROM "+s.table+" WHERE id IN ("+idsText(ids)+") ORDER BY id")
 	if err != nil {
 		return nil, fmt.Errorf("read claimed rows: %w", err)

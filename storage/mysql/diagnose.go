@@ -21,6 +21,7 @@ var (
 			"leased_by", "leased_until", "last_error", "delivered_at"},
 		skippedSuffix: {"id", "uuid", "topic", "key", "payload", "metadata", "created_at", "attempts", "last_error",
 			"dead_at", "skipped_at", "reason"},
+		keysSuffix: {"key", "seq"},
 	}
 	expectedIndexes = map[string]string{
 		"PRIMARY":   "id",
@@ -33,14 +34,15 @@ var (
 // Diagnose implements [storage.Diagnoser]. Its checks:
 //
 //   - schema version: the version table against [LatestVersion];
-//   - schema drift: the columns of the outbox and skipped tables and the
+//   - schema drift: the columns of the outbox, skipped and key tables and the
 //     outbox table's indexes, read from information_schema, against those
 //     the migrations make: a missing column or index, or an index on other
 //     columns, is a problem; an extra index a warning (it slows every
 //     write);
 //   - privileges: each kind of statement the forwarder and the operator
 //     commands run (SELECT ... FOR UPDATE, INSERT, UPDATE and DELETE on the
-//     outbox table, INSERT on the skipped table), tried without
+//     outbox table, INSERT on the skipped table, INSERT ... ON DUPLICATE KEY
+//     UPDATE on the key table), tried without
 //     effect in a transaction that is rolled back;
 //   - server: MySQL 8.0 or MariaDB 10.6 at least (SKIP LOCKED);
 //   - binary log: with log_bin on, binlog_format STATEMENT is a problem
@@ -73,9 +75,9 @@ func (s *Storage) Diagnose(ctx context.Context) ([]storage.Finding, error) {
 	}
 
 	if denied := s.privileges(ctx); len(denied) > 0 {
-		add("privileges", storage.SeverityProblem, "%s: grant SELECT, INSERT, UPDATE, DELETE on %s and %s", strings.Join(denied, "; "), s.table, s.SkippedTable())
+		add("privileges", storage.SeverityProblem, "%s: grant SELECT, INSERT, UPDATE, DELETE on %s, %s and %s", strings.Join(denied, "; "), s.table, s.SkippedTable(), s.KeyTable())
 	} else {
-		add("privileges", storage.SeverityOK, "SELECT ... FOR UPDATE, INSERT, UPDATE and DELETE on %s, INSERT on %s", s.table, s.SkippedTable())
+		add("privileges", storage.SeverityOK, "SELECT ... FOR UPDATE, INSERT, UPDATE and DELETE on %s, INSERT on %s, INSERT ... ON DUPLICATE KEY UPDATE on %s", s.table, s.SkippedTable(), s.KeyTable())
 	}
 
 	vars, err := s.variables(ctx, "version", "log_bin", "binlog_format")
@@ -109,7 +111,7 @@ func (s *Storage) drift(ctx context.Context) (problems, warnings []string, err e
 		db = b.String()
 	}
 	name := s.parts[len(s.parts)-1]
-	for _, suffix := range []string{"", skippedSuffix} {
+	for _, suffix := range []string{"", skippedSuffix, keysSuffix} {
 		var b strings.Builder
 		b.WriteString("SELECT column_name FROM information_schema.columns WHERE table_schema = " + db + " AND table_name = ")
 		strLit(&b, name+suffix)
@@ -177,6 +179,7 @@ func (s *Storage) privileges(ctx context.Context) []string {
 		{"UPDATE on " + s.table, "UPDATE " + s.table + " SET attempts = attempts WHERE id = 0"},
 		{"DELETE on " + s.table, "DELETE FROM " + s.table + " WHERE id = 0"},
 		{"INSERT on " + s.SkippedTable(), "INSERT INTO " + s.SkippedTable() + " SELECT * FROM " + s.SkippedTable() + " WHERE FALSE"},
+		{"INSERT ... ON DUPLICATE KEY UPDATE on " + s.KeyTable(), "INSERT INTO " + s.KeyTable() + " (`key`, seq) SELECT '', 0 FROM DUAL WHERE FALSE ON DUPLICATE KEY UPDATE seq = seq + 1"},
 	}
 	var denied []string
 	for _, c := range checks {

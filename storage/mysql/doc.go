@@ -50,7 +50,7 @@
 //     [Storage.Skip], [Storage.Purge], [Storage.MigrationStatus],
 //     [Storage.MigrateReport], [Storage.Diagnose].
 //   - Introspection, for tools: [Storage.Table], [Storage.SkippedTable],
-//     [Storage.MigrationTable], [Storage.StrictOrdering],
+//     [Storage.KeyTable], [Storage.MigrationTable], [Storage.StrictOrdering],
 //     [Storage.HoldOnDeadLetter].
 //
 // # Table
@@ -59,10 +59,32 @@
 // and an ack marks the row delivered in place ([Config.DeleteOnAck] deletes
 // it) until [Storage.Purge] removes it. Times are DATETIME(6) in UTC, so
 // neither the session time zone nor the DSN's parseTime and loc matter. Keys
-// compare byte for byte (utf8mb4_bin); uuid, topic and key hold at most 255
-// characters, and Insert refuses longer ones. Every statement is sent as text
-// with its values written in as hexadecimal or decimal literals, which no
-// byte sequence can escape from.
+// compare by code point (utf8mb4_bin), but ignoring trailing spaces, so
+// Insert refuses a key that ends in a space; uuid, topic and key hold at most
+// 255 characters, and Insert refuses longer ones. Every statement is sent as
+// text with its values written in as hexadecimal or decimal literals, which
+// no byte sequence can escape from, except payloads of 64 KiB or more, bound
+// as parameters; Insert keeps its statements within the server's
+// max_allowed_packet and refuses a record that cannot fit alone. Text is
+// read back as binary strings, so the DSN's charset does not matter.
+//
+// # Commit order
+//
+// Records of one key are delivered in the order their producers committed:
+// with strict ordering, Insert locks each key of its records in
+// [Storage.KeyTable] in the producer's transaction, so a second producer of
+// a key waits until the first commits (producers of other keys do not
+// wait). [Config.DisableKeyLocks] turns it off; see docs/design.md for what
+// it costs.
+//
+// # MySQL 8
+//
+// The tests run on MariaDB 10.11. Where MySQL 8 differs in what the code
+// depends on (SKIP LOCKED after FOR UPDATE only, utf8mb4_bin being PAD
+// SPACE on both, GET_LOCK names of at most 64 characters, JSON read back
+// through its utf8mb4 text, CHECK constraints enforced from 8.0.16, LIMIT in
+// scalar subqueries), the code was checked against the MySQL 8.0 reference
+// manual; docs/design.md lists each point.
 //
 // # Ordering
 //
@@ -70,7 +92,10 @@
 // earlier pending record of its key is leased or waiting for its retry. It
 // needs no table lock: rows behind such a record are parked and left out of
 // the claim's index walk until it is delivered or dead-lettered.
-// [Config.DisableStrictOrdering] turns it off.
+// [Config.DisableStrictOrdering] turns it off. Changing it, or
+// [Config.HoldOnDeadLetter], on a live table strands nothing: a storage's
+// first claim, and one claim every [SweepInterval], set free the parked rows
+// nothing else would.
 //
 // How claims, parking, locks and write-backs work, and what they cost, is
 // described in docs/design.md in the repository

@@ -71,3 +71,22 @@ func micros(expr string) string {
 }
 
 func fromMicros(us int64) time.Time { return time.UnixMicro(us).UTC() }
+
+// bin reads a text column as its stored bytes (utf8mb4), whatever the
+// connection's character set: results in a binary string are never
+// converted, so a pool whose DSN says charset=utf8 or latin1 reads back
+// exactly what was written. JSON goes through its utf8mb4 text (MySQL 8
+// stores JSON in a binary format of its own).
+func bin(expr string) string { return "CAST(" + expr + " AS BINARY)" }
+
+// binJSON is bin for a JSON column.
+func binJSON(expr string) string { return "CAST(CONVERT(" + expr + " USING utf8mb4) AS BINARY)" }
+
+// exactly writes " AND col = v" so that it matches v byte for byte:
+// utf8mb4_bin is a PAD SPACE collation ('a' = 'a '), so the length must
+// match too. The equality keeps the column's index usable.
+func exactly(b *strings.Builder, col, v string) {
+	b.WriteString(" AND " + col + " = ")
+	strLit(b, v)
+	b.WriteString(" AND LENGTH(" + col + ") = " + strconv.Itoa(len(v)))
+}

@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -18,7 +19,11 @@ const PurgeBatchSize = 1000
 // Purge implements [storage.Maintainer]: it deletes the rows delivered more
 // than olderThan ago, [PurgeBatchSize] per statement (each its own READ
 // COMMITTED transaction), until none is left. On error it returns how many
-// it had deleted so far.
+// it had deleted so far. Then it empties [Storage.KeyTable] of the keys no
+// producer holds (a row is only a lock: a producer that finds none inserts
+// it), [PurgeBatchSize] per transaction, skipping locked rows, so that
+// the table does not grow with every key ever used and no producer waits
+// for the purge more than one short transaction.
 func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("purge outbox %s: olderThan is %s: must be >= 0", s.table, olderThan)
@@ -41,6 +46,9 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 		}
 		total += n
 		if n < PurgeBatchSize {
+			if err := s.purgeKeys(ctx); err != nil {
+				return total, fmt.Errorf("purge key locks of %s: %w", s.table, err)
+			}
 			return total, nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -66,13 +74,13 @@ func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, 
 		idList(&b, p.IDs)
 		b.WriteByte(')')
 	case p.Key != "":
-		b.WriteString("`key` = ")
-		strLit(&b, validText(p.Key))
+		b.WriteString("TRUE")
+		exactly(&b, "`key`", validText(p.Key))
 	case p.All:
 		b.WriteString("TRUE")
 	default:
-		b.WriteString("topic = ")
-		strLit(&b, validText(p.Topic))
+		b.WriteString("TRUE")
+		exactly(&b, "topic", validText(p.Topic))
 	}
 	var n int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -87,4 +95,45 @@ func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, 
 		return 0, fmt.Errorf("redrive outbox rows in %s: %w", s.table, err)
 	}
 	return n, nil
+}
+
+// purgeKeys deletes the rows of the key table that no producer holds.
+func (s *Storage) purgeKeys(ctx context.Context) error {
+	for {
+		var n int
+		err := s.inTx(ctx, func(tx *sql.Tx) error {
+			rows, err := tx.QueryContext(ctx, "SELECT CAST(`key` AS BINARY) FROM "+s.KeyTable()+" LIMIT "+strconv.Itoa(PurgeBatchSize)+" FOR UPDATE SKIP LOCKED")
+			if err != nil {
+				return err
+			}
+			var b strings.Builder
+			n = 0
+			for rows.Next() {
+				var k []byte
+				if err := rows.Scan(&k); err != nil {
+					_ = rows.Close()
+					return err
+				}
+				if n > 0 {
+					b.WriteByte(',')
+				}
+				strLit(&b, string(k))
+				n++
+			}
+			if err := errors.Join(rows.Err(), rows.Close()); err != nil || n == 0 {
+				return err
+			}
+			_, err = tx.ExecContext(ctx, "DELETE FROM "+s.KeyTable()+" WHERE `key` IN ("+b.String()+")")
+			return err
+		})
+		if isNoSuchTable(err) {
+			return nil // a schema older than the key locks: nothing to purge
+		}
+		if err != nil || n < PurgeBatchSize {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
 }

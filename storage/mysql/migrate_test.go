@@ -1,6 +1,7 @@
 package mysql
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -85,8 +86,11 @@ func TestMigrateUpgradeFromVersion1(t *testing.T) {
 		t.Fatalf("Record on a version-1 table = %v, want the skipped table missing", err)
 	}
 	// a1 dead, a2 a3 parked behind it; b1 leased, b2 parked behind it; c1
-	// delivered; k keyless pending.
-	ids := insert(t, s, recs("a", "b", "c", "", "a", "a", "b")...)
+	// delivered; k keyless pending. (Inserted without key locks: their table
+	// is step 3.)
+	old, err := New(db, Config{Table: name, DisableKeyLocks: true})
+	must(t, err)
+	ids := insert(t, old, recs("a", "b", "c", "", "a", "a", "b")...)
 	a1, b1, c1, k, a2, a3, b2 := ids[0], ids[1], ids[2], ids[3], ids[4], ids[5], ids[6]
 	got := claim(t, s, "w1", 3, time.Hour) // a1 b1 c1; a2 a3 b2 parked
 	if !slices.Equal(idsOf(got), []int64{a1, b1, c1}) {
@@ -132,6 +136,7 @@ func TestMigrateUpgradeFromVersion1(t *testing.T) {
 	if got := claim(t, s, "w2", 10, time.Hour); !slices.Equal(idsOf(got), []int64{b2}) {
 		t.Fatalf("claimed %v after b1's ack, want [%d]", idsOf(got), b2)
 	}
+	insert(t, s, rec("a")) // with the key locks
 	must(t, s.Skip(t.Context(), storage.SkipParams{ID: a1, Reason: "upgrade test"}))
 	if info, err := s.Record(t.Context(), a1); err != nil || info.Status != storage.StatusSkipped || info.LastError != "poison" {
 		t.Fatalf("Record of the skipped row = %+v, %v", info, err)
@@ -239,4 +244,53 @@ func TestMigrateRefusesAnotherTable(t *testing.T) {
 			t.Fatalf("%d tables named after %s after the refused Migrate, want only the foreign one", n, name)
 		}
 	}
+}
+
+// TestSchemaLockName: the schema lock of a table is one lock whatever the
+// spelling of the table ("t", "db.t"), and its name stays within MySQL 8's
+// 64 characters for the longest table name allowed.
+func TestSchemaLockName(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	ctx := t.Context()
+	name := newTable(t, db)
+	long := name + strings.Repeat("x", maxIdentifierLen-len(migrationsSuffix)-len(name))
+	t.Cleanup(func() {
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+long+"`, `"+long+"_skipped`, `"+long+"_migrations`, `"+long+"_keys`")
+	})
+	var dbName string
+	must(t, db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&dbName))
+	plain, err := New(db, Config{Table: long})
+	must(t, err)
+	qualified, err := New(db, Config{Table: dbName + "." + long})
+	must(t, err)
+	conn, err := db.Conn(ctx)
+	must(t, err)
+	defer conn.Close()
+	lock, err := plain.lockName(ctx, conn)
+	must(t, err)
+	if other, err := qualified.lockName(ctx, conn); err != nil || other != lock {
+		t.Fatalf("lock names %q and %q (%v), want one name for both spellings", lock, other, err)
+	}
+	if len(lock) > 64 {
+		t.Fatalf("lock name %q is %d characters, more than MySQL 8's 64", lock, len(lock))
+	}
+	// While another session holds the lock, Migrate of either spelling
+	// waits for it.
+	var got int
+	must(t, conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", lock).Scan(&got))
+	if got != 1 {
+		t.Fatalf("GET_LOCK(%q) = %d", lock, got)
+	}
+	for _, s := range []*Storage{plain, qualified} {
+		wait, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		err := s.Migrate(wait)
+		cancel()
+		if err == nil {
+			t.Fatalf("Migrate of %s ran while another session held the schema lock", s.config.Table)
+		}
+	}
+	must(t, conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", lock).Scan(&got))
+	must(t, qualified.Migrate(ctx))
+	must(t, plain.Migrate(ctx))
 }

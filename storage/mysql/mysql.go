@@ -47,9 +47,10 @@ type Config struct {
 
 	// VisibilityDelay makes Claim take only records created at least this long
 	// ago, so that a record whose id was taken by a long producer transaction
-	// is not overtaken by later ids that committed first. Set it above your
-	// longest producer transaction. Defaults to 0 (no delay); must not be
-	// negative.
+	// is not overtaken by later ids that committed first. The key locks
+	// (DisableKeyLocks) make it unnecessary for keyed records; it remains for
+	// keyless ones, and with DisableKeyLocks. Set it above your longest
+	// producer transaction. Defaults to 0 (no delay); must not be negative.
 	VisibilityDelay time.Duration
 
 	// DeleteOnAck makes Ack delete delivered rows instead of marking them
@@ -72,6 +73,24 @@ type Config struct {
 	// Defaults to [WalkFactorDefault] (1: a drain of 1000 keys, batch 100 and
 	// 1000, ran 25% to 60% faster than with 2); must be between 1 and 16.
 	WalkFactor int
+
+	// DisableKeyLocks turns off the lock Insert takes, in the producer's
+	// transaction, on each key of its records (a row of [Storage.KeyTable],
+	// written with INSERT ... ON DUPLICATE KEY UPDATE, in key order). With
+	// the locks (the default with strict ordering), producers of one key
+	// run their Insert one after another: the second waits until the first
+	// commits or rolls back, and only then takes its ids, so the records of
+	// a key commit in id order and a claim never sees a record before an
+	// earlier one of its key. Producers of different keys do not wait for
+	// each other. Without them, a transaction that took a smaller id and
+	// commits after one that took a larger id has its record delivered
+	// after the later one (see VisibilityDelay). Keyless records take no
+	// lock, nor does anything without strict ordering. A producer that
+	// inserts records of several keys in separate Insert calls, in
+	// different orders in different transactions, can deadlock with another
+	// (InnoDB rolls one back, error 1213); one Insert call locks its keys in
+	// order.
+	DisableKeyLocks bool
 
 	// HoldOnDeadLetter makes a dead-lettered record hold back the later
 	// records of its key until it is re-driven or skipped, so that a poison
@@ -165,13 +184,16 @@ type Storage struct {
 	config Config
 	table  string   // quoted for SQL
 	parts  []string // [database,] table, unquoted
-	name   string   // as configured, for GET_LOCK
 	hold   bool     // Config.HoldOnDeadLetter
 
 	// deadlocks counts the deadlocks InnoDB reported to this storage (each
 	// retried), claimDeadlocks those of claims, for the tests that prove
 	// there are none.
 	deadlocks, claimDeadlocks atomic.Int64
+
+	// nextSweep is when the next claim sweeps parked rows (Unix
+	// nanoseconds; 0: the first claim does).
+	nextSweep atomic.Int64
 }
 
 var (
@@ -203,7 +225,7 @@ func New(db *sql.DB, config Config) (*Storage, error) {
 		return nil, fmt.Errorf("mysql: invalid config: %w", err)
 	}
 	parts, _ := parseTable(config.Table)
-	return &Storage{db: db, config: config, table: quoteIdent(parts), parts: parts, name: config.Table, hold: config.HoldOnDeadLetter}, nil
+	return &Storage{db: db, config: config, table: quoteIdent(parts), parts: parts, hold: config.HoldOnDeadLetter}, nil
 }
 
 // Table returns the outbox table as quoted in SQL, for example `app`.`outbox`.

@@ -21,7 +21,10 @@ import (
 // rows that can be one: pending, not parked and not due (claim_idx: leased
 // rows and rows waiting for a retry; a parked row is behind another), and,
 // with HoldOnDeadLetter, dead rows (done_idx). Each is checked against
-// key_idx; the statement never reads the claimable backlog.
+// key_idx, each check reading one or two entries (a NOT EXISTS for an
+// earlier row read every row of the key: a million behind a held key took
+// half a second); the statement never reads the claimable backlog. The
+// list counts the rows behind its page's heads, and only those.
 func (s *Storage) heldKeysSQL(count bool, afterKey string, limit int) string {
 	if s.config.DisableStrictOrdering {
 		if count {
@@ -36,24 +39,28 @@ func (s *Storage) heldKeysSQL(count bool, afterKey string, limit int) string {
 		strLit(&after, afterKey)
 	}
 	var b strings.Builder
-	b.WriteString("SELECT o.`key`, o.id, o.status, COALESCE(o.leased_by, '') AS leased_by, " + micros("o.leased_until") + " AS leased_until, " +
-		micros("o.due_at") + " AS due_at, COALESCE(o.last_error, '') AS last_error, " + micros("o.created_at") + " AS created_at,\n" +
-		"    COALESCE(o.leased_until > UTC_TIMESTAMP(6), 0) AS live,\n" +
-		"    (SELECT COUNT(*) FROM " + t + " AS b WHERE b.`key` = o.`key` AND b.status = 'pending' AND b.id > o.id) AS behind\n" +
+	b.WriteString("SELECT " + bin("o.`key`") + " AS `key`, o.id, o.status, " + bin("COALESCE(o.leased_by, '')") + " AS leased_by, " + micros("o.leased_until") + " AS leased_until, " +
+		micros("o.due_at") + " AS due_at, " + bin("COALESCE(o.last_error, '')") + " AS last_error, " + micros("o.created_at") + " AS created_at,\n" +
+		"    COALESCE(o.leased_until > UTC_TIMESTAMP(6), 0) AS live, o.`key` AS raw_key,\n" +
+		"    EXISTS (SELECT 1 FROM " + t + " AS b WHERE b.`key` = o.`key` AND b.status = 'pending' AND b.id > o.id) AS has_behind\n" +
 		"FROM (\n    SELECT id FROM " + t + " WHERE status = 'pending' AND parked = 0 AND due_at > UTC_TIMESTAMP(6) AND `key` <> ''" + after.String())
 	if s.hold {
 		b.WriteString("\n    UNION ALL\n    SELECT id FROM " + t + " WHERE status = 'dead' AND `key` <> ''" + after.String())
 	}
 	b.WriteString("\n) AS c JOIN " + t + " AS o ON o.id = c.id\n" +
-		"WHERE NOT EXISTS (SELECT 1 FROM " + t + " AS e WHERE e.`key` = o.`key` AND e.status = 'pending' AND e.id < o.id)")
+		"WHERE COALESCE(" + s.lowestOf("pending", "o") + ", o.id) >= o.id")
 	if s.hold {
-		b.WriteString("\n  AND NOT EXISTS (SELECT 1 FROM " + t + " AS d WHERE d.`key` = o.`key` AND d.status = 'dead' AND d.id < o.id)")
+		b.WriteString("\n  AND COALESCE(" + s.lowestOf("dead", "o") + ", o.id) >= o.id")
 	}
 	heads := b.String()
 	if count {
-		return "SELECT COUNT(*) FROM (" + heads + ") AS k WHERE status = 'dead' OR behind > 0"
+		return "SELECT COUNT(*) FROM (" + heads + ") AS k WHERE status = 'dead' OR has_behind"
 	}
-	return "SELECT * FROM (" + heads + ") AS k WHERE status = 'dead' OR behind > 0 ORDER BY `key` LIMIT " + strconv.Itoa(limit)
+	// The rows behind are counted for the page's keys only.
+	return "SELECT `key`, id, status, leased_by, leased_until, due_at, last_error, created_at, live,\n" +
+		"    (SELECT COUNT(*) FROM " + t + " AS b WHERE b.`key` = p.raw_key AND b.status = 'pending' AND b.id > p.id) AS behind\n" +
+		"FROM (SELECT * FROM (" + heads + ") AS k WHERE status = 'dead' OR has_behind ORDER BY raw_key LIMIT " + strconv.Itoa(limit) + ") AS p\n" +
+		"ORDER BY raw_key"
 }
 
 // HeldKeys implements [storage.Operator].
@@ -95,17 +102,17 @@ func (s *Storage) HeldKeys(ctx context.Context, params storage.HeldKeysParams) (
 
 // infoColumns are the columns scanInfo reads from the outbox table; %s is
 // the payload column (NULL to leave it out).
-const infoColumns = "id, uuid, topic, `key`, %s, metadata, attempts, " +
-	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), status, last_error, leased_by, " +
+var infoColumns = "id, CAST(uuid AS BINARY), CAST(topic AS BINARY), CAST(`key` AS BINARY), %s, " + binJSON("metadata") + ", attempts, " +
+	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), status, CAST(last_error AS BINARY), CAST(leased_by AS BINARY), " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', leased_until), " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', due_at), " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', delivered_at), NULL, NULL"
 
 // skippedColumns are the same from the skipped table.
-const skippedColumns = "id, uuid, topic, `key`, payload, metadata, attempts, " +
-	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), 'skipped', last_error, NULL, NULL, " +
+var skippedColumns = "id, CAST(uuid AS BINARY), CAST(topic AS BINARY), CAST(`key` AS BINARY), payload, " + binJSON("metadata") + ", attempts, " +
+	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), 'skipped', CAST(last_error AS BINARY), NULL, NULL, " +
 	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', dead_at), NULL, " +
-	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', skipped_at), reason"
+	"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', skipped_at), CAST(reason AS BINARY)"
 
 func scanInfo(row interface{ Scan(...any) error }) (storage.RecordInfo, error) {
 	var (
@@ -188,12 +195,10 @@ func (s *Storage) listDeadSQL(params storage.ListDeadParams) string {
 	}
 	fmt.Fprintf(&b, "SELECT "+infoColumns+" FROM %s%s WHERE status = 'dead' AND delivered_at IS NULL AND id > %d", "NULL", s.table, index, params.AfterID)
 	if params.Topic != "" {
-		b.WriteString(" AND topic = ")
-		strLit(&b, validText(params.Topic))
+		exactly(&b, "topic", validText(params.Topic))
 	}
 	if params.Key != "" {
-		b.WriteString(" AND `key` = ")
-		strLit(&b, validText(params.Key))
+		exactly(&b, "`key`", validText(params.Key))
 	}
 	if params.ErrorContains != "" {
 		b.WriteString(" AND LOCATE(")
@@ -234,7 +239,7 @@ func (s *Storage) Skip(ctx context.Context, params storage.SkipParams) error {
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		status = ""
 		var key []byte
-		err := tx.QueryRowContext(ctx, fmt.Sprintf("SELECT status, `key` FROM %s WHERE id = %d FOR UPDATE", s.table, params.ID)).Scan(&status, &key)
+		err := tx.QueryRowContext(ctx, fmt.Sprintf("SELECT status, CAST(`key` AS BINARY) FROM %s WHERE id = %d FOR UPDATE", s.table, params.ID)).Scan(&status, &key)
 		if errors.Is(err, sql.ErrNoRows) {
 			var n int
 			if err := tx.QueryRowContext(ctx, fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE id = %d", s.SkippedTable(), params.ID)).Scan(&n); err != nil {
@@ -276,7 +281,10 @@ SELECT id, uuid, topic, ` + "`key`" + `, payload, metadata, created_at, attempts
 }
 
 // Stats implements [storage.StatsReader]. One statement, so the counts are
-// one consistent read: Pending and OldestPendingAge read claim_idx,
+// one consistent read: Pending reads claim_idx, OldestPendingAge the
+// lowest pending id's row (done_idx holds pending rows in id order: their
+// delivered_at is NULL), so the age of the oldest pending record as ids
+// order them,
 // Delivered and Dead done_idx, Leased and Forwarders the leased rows of
 // claim_idx (a live lease's end is its row's due_at), Skipped the skipped
 // table, and HeldKeys the heads as [Storage.HeldKeys] finds them. Delivered
@@ -304,7 +312,7 @@ func (s *Storage) stats(ctx context.Context, skipped bool) (storage.Stats, error
     (SELECT COUNT(*) FROM %[1]s WHERE %[2]s),
     (SELECT COUNT(*) FROM %[1]s WHERE status = 'delivered'),
     (SELECT COUNT(*) FROM %[1]s WHERE status = 'dead'),
-    COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) FROM %[1]s WHERE status = 'pending'), 0),
+    COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) FROM %[1]s FORCE INDEX (done_idx) WHERE status = 'pending' AND delivered_at IS NULL ORDER BY id LIMIT 1), 0),
     %[3]s,
     (SELECT COUNT(DISTINCT leased_by) FROM %[1]s WHERE %[2]s),
     (%[4]s)`, s.table, leased, skippedCount, s.heldKeysSQL(true, "", 0))

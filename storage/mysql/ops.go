@@ -17,7 +17,7 @@ import (
 // other.
 func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, refs []storage.ClaimRef, worker, extra string) (owned []int64, keys []string, reps []int64, err error) {
 	var b strings.Builder
-	b.WriteString("SELECT id, `key` FROM " + s.table + " WHERE ")
+	b.WriteString("SELECT id, " + bin("`key`") + " FROM " + s.table + " WHERE ")
 	refsCond(&b, refs)
 	b.WriteString(" AND status = 'pending' AND leased_by = ")
 	strLit(&b, worker)
@@ -58,7 +58,10 @@ func (s *Storage) lockOwned(ctx context.Context, tx *sql.Tx, refs []storage.Clai
 // and it runs again). acked holds one row of each key this transaction
 // changed.
 func (s *Storage) promote(ctx context.Context, tx *sql.Tx, acked []int64, keys []string) error {
-	if len(keys) == 0 || s.config.DisableStrictOrdering {
+	// Without strict ordering too: a row parked by a process with it (a
+	// rolling deploy that turns it off or on) is then set free as it would
+	// be there.
+	if len(keys) == 0 {
 		return nil
 	}
 	// Nothing parked at all (a plain read of one claim_idx entry, after
@@ -88,7 +91,7 @@ func (s *Storage) promote(ctx context.Context, tx *sql.Tx, acked []int64, keys [
 			ids = append(ids, id)
 		}
 		slices.Sort(ids)
-		rows, err := tx.QueryContext(ctx, "SELECT id, `key`, parked FROM "+s.table+" WHERE id IN ("+idsText(ids)+") AND status = 'pending' ORDER BY id FOR UPDATE")
+		rows, err := tx.QueryContext(ctx, "SELECT id, "+bin("`key`")+", parked FROM "+s.table+" WHERE id IN ("+idsText(ids)+") AND status = 'pending' ORDER BY id FOR UPDATE")
 		if err != nil {
 			return err
 		}
@@ -148,14 +151,14 @@ func (s *Storage) lowestOf(status, outer string) string {
 func (s *Storage) lowestPending(ctx context.Context, tx *sql.Tx, acked []int64, keys []string) (map[string]int64, error) {
 	var q string
 	if len(acked) > 0 && !s.config.DeleteOnAck {
-		q = "SELECT o.`key`, " + s.lowestOf("pending", "o") + " FROM " + s.table + " o WHERE o.id IN (" + idsText(acked) + ")"
+		q = "SELECT " + bin("o.`key`") + ", " + s.lowestOf("pending", "o") + " FROM " + s.table + " o WHERE o.id IN (" + idsText(acked) + ")"
 	} else {
 		var b strings.Builder
 		for i, k := range keys {
 			if i > 0 {
 				b.WriteString(" UNION ALL ")
 			}
-			b.WriteString("(SELECT `key`, id FROM " + s.table + " FORCE INDEX (key_idx) WHERE `key` = ")
+			b.WriteString("(SELECT " + bin("`key`") + ", id FROM " + s.table + " FORCE INDEX (key_idx) WHERE `key` = ")
 			strLit(&b, k)
 			b.WriteString(" AND status = 'pending' ORDER BY id LIMIT 1)")
 		}

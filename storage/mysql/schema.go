@@ -2,8 +2,10 @@ package mysql
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"sync"
@@ -41,6 +43,7 @@ func LatestVersion() int { return len(loadSteps()) }
 const (
 	migrationsSuffix = "_migrations"
 	skippedSuffix    = "_skipped"
+	keysSuffix       = "_keys"
 )
 
 // MigrationTable returns the version table, quoted: the outbox table's name
@@ -52,6 +55,11 @@ func (s *Storage) MigrationTable() string { return s.sibling(migrationsSuffix) }
 // same database.
 func (s *Storage) SkippedTable() string { return s.sibling(skippedSuffix) }
 
+// KeyTable returns the table of key locks, quoted: the outbox table's name
+// with "_keys" appended, in the same database. Insert takes a lock on each
+// of its records' keys there (see [Config.DisableKeyLocks]).
+func (s *Storage) KeyTable() string { return s.sibling(keysSuffix) }
+
 func (s *Storage) sibling(suffix string) string {
 	parts := append([]string(nil), s.parts...)
 	parts[len(parts)-1] += suffix
@@ -59,7 +67,7 @@ func (s *Storage) sibling(suffix string) string {
 }
 
 func (s *Storage) render(sqlText string) string {
-	return strings.NewReplacer("{table}", s.table, "{skipped}", s.SkippedTable()).Replace(sqlText)
+	return strings.NewReplacer("{table}", s.table, "{skipped}", s.SkippedTable(), "{keys}", s.KeyTable()).Replace(sqlText)
 }
 
 // Migrations implements [storage.Migrator]: the steps with their SQL for
@@ -107,7 +115,8 @@ func (s *Storage) versionTableSQL() string {
 //
 // Times are DATETIME(6) in UTC, written and compared with UTC_TIMESTAMP(6),
 // so the session time zone does not matter. Keys, topics and uuids compare
-// byte for byte (utf8mb4_bin).
+// by code point (utf8mb4_bin); see the package documentation for trailing
+// spaces.
 func (s *Storage) SchemaSQL() string {
 	var b strings.Builder
 	for _, m := range s.Migrations() {
@@ -160,7 +169,10 @@ func (s *Storage) migrateSteps(ctx context.Context, target int) (applied []int, 
 		return nil, err
 	}
 	defer func() { _ = conn.Close() }()
-	lock := "txoutbox schema " + s.name
+	lock, err := s.lockName(ctx, conn)
+	if err != nil {
+		return nil, fmt.Errorf("lock: %w", err)
+	}
 	var got sql.NullInt64
 	// GET_LOCK is held by the session: take and release it on one connection.
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, SchemaLockTimeout).Scan(&got); err != nil {
@@ -275,6 +287,26 @@ func (s *Storage) MigrationStatus(ctx context.Context) (storage.MigrationStatus,
 		return st, fmt.Errorf("read outbox schema version of %s: %w", s.table, err)
 	}
 	return st, nil
+}
+
+// lockName is the name of the schema lock of the table: a hash of its
+// database and name, so that every spelling of one table ("outbox",
+// "app.outbox") takes one lock, and the name stays within MySQL 8's 64
+// characters for any table. An unqualified table is in the connection's
+// current database.
+func (s *Storage) lockName(ctx context.Context, conn *sql.Conn) (string, error) {
+	db := ""
+	if len(s.parts) == 2 {
+		db = s.parts[0]
+	} else {
+		var cur sql.NullString
+		if err := conn.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&cur); err != nil {
+			return "", fmt.Errorf("current database: %w", err)
+		}
+		db = cur.String
+	}
+	sum := sha256.Sum256([]byte(db + "." + s.parts[len(s.parts)-1]))
+	return "txoutbox schema " + hex.EncodeToString(sum[:16]), nil
 }
 
 // isNoSuchTable reports ER_NO_SUCH_TABLE.
