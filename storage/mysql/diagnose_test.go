@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -48,12 +49,12 @@ func TestDiagnose(t *testing.T) {
 		t.Errorf("schema drift without done_idx and with key_idx changed: %+v, want a problem naming both", f)
 	}
 	must(t, exec(t, s, "DROP TABLE "+s.SkippedTable()))
-	must(t, exec(t, s, "DELETE FROM "+s.MigrationTable()+" WHERE version = 2"))
+	must(t, exec(t, s, "DELETE FROM "+s.MigrationTable()+" WHERE version >= 2"))
 	got = findings(t, s)
 	if f := got["schema drift"]; f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, s.SkippedTable()+" is missing") {
 		t.Errorf("schema drift without the skipped table: %+v", f)
 	}
-	if f := got["schema version"]; f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, "version 1, latest is 2") {
+	if f := got["schema version"]; f.Severity != storage.SeverityProblem || !strings.Contains(f.Message, fmt.Sprintf("version 1, latest is %d", LatestVersion())) {
 		t.Errorf("schema version one step behind: %+v", f)
 	}
 }
