@@ -360,7 +360,7 @@ func openMySQLFixture(t *testing.T) fixture {
 	_, _ = rand.Read(b[:])
 	table := "txo_cmd_" + hex.EncodeToString(b[:])
 	t.Cleanup(func() {
-		_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations")
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_inbox")
 	})
 	url := mysqlURL(t)
 	txoutbox(t, url, "migrate", "up", "--table", table).want(t, 0, "migrated from version 0 to")
