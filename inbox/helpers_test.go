@@ -99,7 +99,7 @@ var (
 	poolErr  error
 )
 
-func pgPool(t *testing.T) *pgxpool.Pool {
+func pgPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	poolOnce.Do(func() {
 		url := cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
@@ -137,7 +137,7 @@ func pgLockWait(p *pgxpool.Pool, marker string) func(ctx context.Context) (bool,
 	}
 }
 
-func newPostgres(t *testing.T, useSQL bool) *backend {
+func newPostgres(t testing.TB, useSQL bool) *backend {
 	t.Helper()
 	p := pgPool(t)
 	ctx := context.Background()
@@ -171,7 +171,7 @@ var (
 	mysqlErr  error
 )
 
-func newMySQL(t *testing.T) *backend {
+func newMySQL(t testing.TB) *backend {
 	t.Helper()
 	dsn := cmp.Or(os.Getenv("TEST_MYSQL_DSN"), "root@tcp(127.0.0.1:3306)/test")
 	mysqlOnce.Do(func() {
@@ -219,7 +219,7 @@ func newMySQL(t *testing.T) *backend {
 		}}
 }
 
-func newSQLite(t *testing.T) *backend {
+func newSQLite(t testing.TB) *backend {
 	t.Helper()
 	db, err := sqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
 	if err != nil {
@@ -244,10 +244,10 @@ func newSQLite(t *testing.T) *backend {
 func eachBackend(t *testing.T, f func(t *testing.T, b *backend)) {
 	for _, mk := range []struct {
 		name string
-		new  func(t *testing.T) *backend
+		new  func(t testing.TB) *backend
 	}{
-		{"postgres-pgx", func(t *testing.T) *backend { return newPostgres(t, false) }},
-		{"postgres-sql", func(t *testing.T) *backend { return newPostgres(t, true) }},
+		{"postgres-pgx", func(t testing.TB) *backend { return newPostgres(t, false) }},
+		{"postgres-sql", func(t testing.TB) *backend { return newPostgres(t, true) }},
 		{"mysql", newMySQL},
 		{"sqlite", newSQLite},
 	} {
