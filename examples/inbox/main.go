@@ -91,12 +91,15 @@ func run(ctx context.Context) error {
 		return err
 	}
 
+	var handled atomic.Int64 // deliveries the handler chain settled, duplicates included
+
 	// The consumer: the inbox runs innermost, so each retry is a new
 	// transaction; Recoverer turns a panic into an error (a rollback, a nack).
 	in, err := inbox.New(inbox.Config{Consumer: "billing", Store: store.Inbox()})
 	if err != nil {
 		return err
 	}
+	go func() { _ = in.Run(ctx) }() // retention: deletes entries older than 7 days
 	events, err := txoutbox.NewPublisher(store, txoutbox.PublisherConfig{})
 	if err != nil {
 		return err
@@ -105,31 +108,21 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var handled atomic.Int64
-	router.AddMiddleware(middleware.Recoverer, middleware.Retry{MaxRetries: 3, InitialInterval: 10 * time.Millisecond}.Middleware,
-		func(h message.HandlerFunc) message.HandlerFunc {
-			return func(msg *message.Message) ([]*message.Message, error) {
-				out, err := h(msg)
-				if err == nil {
-					handled.Add(1)
-				}
-				return out, err
-			}
-		})
+	router.AddMiddleware(middleware.Recoverer, middleware.Retry{MaxRetries: 3, InitialInterval: 10 * time.Millisecond}.Middleware)
 	router.AddNoPublisherHandler("billing", ordersCreated, ordersSub, func(msg *message.Message) error {
-		tx, ok := txoutbox.TxFromContext(msg.Context())
+		tx, ok := txoutbox.TxFromContext(msg.Context()) // a pgx.Tx (a *sql.Tx with InboxDB, MySQL, SQLite)
 		if !ok {
 			return errors.New("no transaction: is the inbox middleware on?")
 		}
 		order := string(msg.Payload)
 		if _, err := tx.(pgx.Tx).Exec(msg.Context(), `INSERT INTO example_inbox.invoices VALUES ($1)`, order); err != nil {
-			return err
+			return err // rolls back, nacks: Retry runs it again
 		}
 		fmt.Printf("billing: invoiced %s (message %s)\n", order, msg.UUID)
 		ev := message.NewMessage(watermill.NewUUID(), []byte(order))
 		ev.SetContext(msg.Context()) // the inbox's transaction
 		return events.Publish(invoicesRequested, ev)
-	}).AddMiddleware(in.Middleware)
+	}).AddMiddleware(counted(&handled), in.Middleware) // the inbox innermost
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(ctx) }()
 	defer func() { _ = router.Close(); <-routerDone }()
@@ -186,4 +179,17 @@ func run(ctx context.Context) error {
 	}
 	fmt.Printf("%d deliveries, %d invoices: the duplicate was acked without running the handler\n", len(sent), n)
 	return nil
+}
+
+// counted counts the messages h settles without an error.
+func counted(n *atomic.Int64) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil {
+				n.Add(1)
+			}
+			return out, err
+		}
+	}
 }
