@@ -43,16 +43,15 @@
 // # What identifies a message
 //
 // The message UUID, per consumer name. txoutbox's forwarder publishes the
-// UUID the producer gave the message, and the same UUID on every retry.
-// Watermill's marshalers for AMQP (RabbitMQ), Kafka, NATS (JetStream and
-// core), SQL and Redis Streams carry it in a header (_watermill_message_uuid)
-// or a column and hand it back on each delivery, redeliveries included. A
-// subscriber that makes up a UUID per delivery (a custom marshaler that
-// drops the header, a producer outside Watermill whose messages lack it and
-// a marshaler that then generates one) defeats the inbox: each delivery
-// looks new. watermill-amqp gives a message without the header an empty
-// UUID: the middleware refuses it with [ErrNoUUID] before calling the
-// handler, and a PoisonQueue middleware parks it.
+// UUID the producer gave the message, the same on every retry. Watermill's
+// marshalers for AMQP (RabbitMQ), Kafka, NATS (JetStream and core), SQL and
+// Redis Streams carry it in a header (_watermill_message_uuid) or a column
+// and hand it back on every delivery, redeliveries included. A subscriber
+// whose marshaler drops that header, or makes up a UUID per delivery,
+// defeats the inbox: every delivery looks new. watermill-amqp gives a
+// message published without the header (by a producer outside Watermill)
+// an empty UUID: the middleware refuses it with [ErrNoUUID] before calling
+// the handler, and a PoisonQueue middleware parks it.
 //
 // # Retention
 //
