@@ -19,7 +19,7 @@ import (
 // load on a shared machine; without-ms/op and with-ms/op are their means,
 // and ns/op is their sum. The difference is the inbox's insert.
 //
-//	flock /tmp/txoutbox-measure.lock go test -run '^$' -bench BenchmarkInbox -benchtime 1000x -count 5 ./inbox/
+//	go test -run '^$' -bench BenchmarkInbox -benchtime 300x -count 5 ./inbox/
 func BenchmarkInbox(b *testing.B) {
 	for _, mk := range []struct {
 		name string
