@@ -84,7 +84,7 @@ func newMySQLStorage(t *testing.T, dsn string, cfg mysql.Config) *mysql.Storage 
 	db.SetMaxOpenConns(16)
 	table := "txo_" + strings.ToLower(watermill.NewShortUUID())
 	t.Cleanup(func() {
-		db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_keys")
+		db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_keys, " + table + "_inbox")
 		db.Close()
 	})
 	cfg.Table = table

@@ -166,8 +166,9 @@ func (c Config) Validate() error {
 type Handler struct {
 	config Config
 	stats  storage.StatsReader
-	op     storage.Operator // nil: the storage does not implement storage.Operator
-	opWhy  string           // why op is nil, for the page that says so
+	op     storage.Operator   // nil: the storage does not implement storage.Operator
+	opWhy  string             // why op is nil, for the page that says so
+	inbox  storage.InboxStore // nil: the storage has no inbox table
 	logger watermill.LoggerAdapter
 
 	mux     *http.ServeMux
@@ -181,7 +182,9 @@ var _ http.Handler = (*Handler)(nil)
 
 // New returns a console over store. Every page needs a store implementing
 // [storage.Operator]; a store that only reports Stats gets the overview,
-// and the other pages say that its storage does not support them. logger
+// and the other pages say that its storage does not support them. The
+// overview shows the inbox table's size too when store has one (an Inbox
+// method, as the SQL storages have). logger
 // receives the audit line of every action (Info) and storage errors
 // (Error); nil discards them.
 func New(store storage.StatsReader, config Config, logger watermill.LoggerAdapter) (*Handler, error) {
@@ -196,6 +199,9 @@ func New(store storage.StatsReader, config Config, logger watermill.LoggerAdapte
 		logger = watermill.NopLogger{}
 	}
 	h := &Handler{config: config, stats: store, logger: safeLogger{logger.With(watermill.LogFields{"component": "txoutbox-console"})}}
+	if in, ok := store.(interface{ Inbox() storage.InboxStore }); ok {
+		h.inbox = in.Inbox()
+	}
 	if op, ok := store.(storage.Operator); ok {
 		h.op = op
 	} else {

@@ -40,7 +40,7 @@ func newMySQL(t *testing.T) (*mysql.Storage, *sql.DB) {
 	_, _ = rand.Read(b[:])
 	table := "txo_console_" + hex.EncodeToString(b[:])
 	t.Cleanup(func() {
-		_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations")
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_inbox")
 		_ = db.Close()
 	})
 	s, err := mysql.New(db, mysql.Config{Table: table, HoldOnDeadLetter: true})

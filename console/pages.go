@@ -25,6 +25,10 @@ type overviewData struct {
 	IntervalMS int64
 	Interval   time.Duration
 	OpWhy      string // set when the storage has no Operator
+	// Inbox is the inbox table's stats, nil without one; InboxAge the age
+	// of its oldest entry.
+	Inbox    *storage.InboxStats
+	InboxAge time.Duration
 }
 
 func (h *Handler) overviewData(ctx context.Context) overviewData {
@@ -37,6 +41,17 @@ func (h *Handler) overviewData(ctx context.Context) overviewData {
 		d.Err = err.Error()
 	} else {
 		d.Stats, d.At = st, time.Now()
+	}
+	if h.inbox != nil && d.Err == "" {
+		if st, err := h.inbox.InboxStats(ctx); err != nil {
+			h.logger.Error("txoutbox console: read inbox stats", err, nil)
+			d.Err = err.Error()
+		} else {
+			d.Inbox = &st
+			if !st.Oldest.IsZero() {
+				d.InboxAge = max(time.Since(st.Oldest), 0)
+			}
+		}
 	}
 	window := time.Duration(h.config.Samples) * h.config.SampleInterval
 	d.Throughput, d.Lag = charts(h.sampler.samples(), window, h.config.SampleInterval, time.Now())

@@ -25,6 +25,8 @@ type backend struct {
 	mig     storage.Migrator
 	migrate func(ctx context.Context) (applied []int, err error) // storage.MigrateReporter
 	diag    storage.Diagnoser
+	// inbox is the inbox table beside the outbox table.
+	inbox storage.InboxStore
 	// tableExists reports whether the outbox table is there.
 	tableExists func(ctx context.Context) (bool, error)
 	table       string // as the storage names it in SQL
@@ -392,8 +394,10 @@ func newBackend(s interface {
 	storage.MigrateReporter
 	storage.Diagnoser
 	Table() string
+	Inbox() storage.InboxStore
 }, closeFn func() error) *backend {
 	return &backend{op: redactingOperator{s}, mig: redactingMigrator{s}, diag: redactingDiagnoser{s}, close: closeFn, table: s.Table(),
+		inbox: s.Inbox(),
 		migrate: func(ctx context.Context) ([]int, error) {
 			applied, err := s.MigrateReport(ctx)
 			return applied, redactErr(err)

@@ -571,7 +571,7 @@ func writeMigrationFiles(e *env, migs []storage.Migration, dir, format string) e
 
 var cmdStatus = &command{
 	name:     "status",
-	summary:  "counts by state, oldest pending age, forwarders seen, and the keys held back (exit 3 with dead records or failing keys)",
+	summary:  "counts by state, oldest pending age, forwarders seen, the keys held back, and the inbox's size (exit 3 with dead records or failing keys)",
 	example:  "txoutbox status --hold-on-dead-letter --json",
 	withHold: true,
 	flags: func(fs *flag.FlagSet) {
@@ -595,6 +595,10 @@ var cmdStatus = &command{
 		if err != nil {
 			return err
 		}
+		ist, err := b.inbox.InboxStats(ctx)
+		if err != nil {
+			return redactErr(err)
+		}
 		v := struct {
 			Table         string        `json:"table"`
 			SchemaVersion int           `json:"schema_version"`
@@ -607,8 +611,10 @@ var cmdStatus = &command{
 			Forwarders    int64         `json:"forwarders"`
 			HeldKeyCount  int64         `json:"held_key_count"`
 			HeldKeys      []heldKeyJSON `json:"held_keys"`
+			InboxEntries  int64         `json:"inbox_entries"`
+			InboxOldest   *time.Time    `json:"inbox_oldest_received_at"`
 		}{e.opts.table, ms.Current, st.Pending, st.Leased, st.Dead, st.Skipped, st.Delivered,
-			st.OldestPendingAge.Seconds(), st.Forwarders, st.HeldKeys, []heldKeyJSON{}}
+			st.OldestPendingAge.Seconds(), st.Forwarders, st.HeldKeys, []heldKeyJSON{}, ist.Entries, timePtr(ist.Oldest)}
 		for _, h := range held {
 			v.HeldKeys = append(v.HeldKeys, toHeldKeyJSON(h))
 		}
@@ -623,6 +629,10 @@ var cmdStatus = &command{
 			fmt.Fprintf(w, "oldest pending age\t%s\n", st.OldestPendingAge.Round(time.Millisecond))
 			fmt.Fprintf(w, "forwarders seen\t%d\n", st.Forwarders)
 			fmt.Fprintf(w, "held keys\t%d\n", st.HeldKeys)
+			fmt.Fprintf(w, "inbox entries\t%d\n", ist.Entries)
+			if !ist.Oldest.IsZero() {
+				fmt.Fprintf(w, "inbox oldest entry\t%s\n", formatTime(ist.Oldest))
+			}
 			if len(held) > 0 {
 				fmt.Fprintln(w, "\nKEY\tHEAD\tWHY\tBEHIND\tSINCE\tLAST ERROR")
 				for _, h := range held {

@@ -360,7 +360,7 @@ func openMySQLFixture(t *testing.T) fixture {
 	_, _ = rand.Read(b[:])
 	table := "txo_cmd_" + hex.EncodeToString(b[:])
 	t.Cleanup(func() {
-		_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_keys")
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_keys, " + table + "_inbox")
 	})
 	url := mysqlURL(t)
 	txoutbox(t, url, "migrate", "up", "--table", table).want(t, 0, "migrated from version 0 to")
@@ -498,11 +498,23 @@ func TestMigrate(t *testing.T) {
 
 func TestStatus(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f fixture) {
+		// One inbox entry, received at a known time.
+		received := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+		tx, seen, err := f.s.(interface{ Inbox() storage.InboxStore }).Inbox().BeginInbox(context.Background(),
+			storage.InboxParams{Consumer: "billing", UUID: "u-1", ReceivedAt: received})
+		if err != nil || seen {
+			t.Fatal(seen, err)
+		}
+		if err := tx.Commit(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		r := f.run(t, "status", "--hold-on-dead-letter", "--json")
 		r.want(t, exitAttention)
 		var st struct {
 			Pending, Leased, Dead, Delivered, Forwarders int64
-			HeldKeyCount                                 int64 `json:"held_key_count"`
+			InboxEntries                                 int64     `json:"inbox_entries"`
+			InboxOldest                                  time.Time `json:"inbox_oldest_received_at"`
+			HeldKeyCount                                 int64     `json:"held_key_count"`
 			HeldKeys                                     []struct {
 				Key      string `json:"key"`
 				HeadID   int64  `json:"head_id"`
@@ -512,7 +524,8 @@ func TestStatus(t *testing.T) {
 			} `json:"held_keys"`
 		}
 		r.json(t, &st)
-		if st.Pending != 5 || st.Leased != 1 || st.Dead != 2 || st.Delivered != 1 || st.Forwarders != 1 || st.HeldKeyCount != 3 {
+		if st.Pending != 5 || st.Leased != 1 || st.Dead != 2 || st.Delivered != 1 || st.Forwarders != 1 || st.HeldKeyCount != 3 ||
+			st.InboxEntries != 1 || !st.InboxOldest.Equal(received) {
 			t.Fatalf("status: %+v", st)
 		}
 		got := fmt.Sprint(st.HeldKeys)
@@ -524,7 +537,7 @@ func TestStatus(t *testing.T) {
 		// keys held by records dead-lettered with HoldOnDeadLetter: the record
 		// says so, and holds its key for every storage on the table.
 		heldByDead := map[bool]string{false: "0", true: "2"}[f.kind == "sqlite"]
-		f.run(t, "status").want(t, exitAttention, "forwarders seen", "leased by fwd-1 until",
+		f.run(t, "status").want(t, exitAttention, "forwarders seen", "leased by fwd-1 until", "inbox oldest entry", "2026-01-02T03:04:05Z",
 			"2 dead record(s), "+heldByDead+" key(s) held by a failing or dead record")
 		// Only a key held by a record in flight: nothing needs an operator.
 		if n, err := f.s.Redrive(context.Background(), storage.RedriveParams{All: true}); err != nil || n != 2 {

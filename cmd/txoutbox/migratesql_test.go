@@ -60,7 +60,7 @@ func newHandMade(t *testing.T, kind string) handMade {
 		db := mysqlDB(t)
 		table := "txo_cmd_sql_" + suffix
 		t.Cleanup(func() {
-			_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_keys")
+			_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_keys, " + table + "_inbox")
 		})
 		cfg, err := mysqldrv.ParseDSN(mysqlTestDSN())
 		if err != nil {

@@ -126,7 +126,7 @@ func emptyDB(t *testing.T, kind string) (string, string) {
 		_, _ = rand.Read(b[:])
 		table := "txo_cmd_empty_" + hex.EncodeToString(b[:])
 		t.Cleanup(func() {
-			_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_keys")
+			_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_keys, " + table + "_inbox")
 		})
 		return mysqlURL(t), table
 	default:

@@ -24,6 +24,7 @@ var programs = []struct {
 	{"postgres", nil, []string{postgres, rabbitmq}},
 	{"kafka", nil, []string{postgres}}, // Kafka runs in process (kfake)
 	{"amqp", nil, []string{postgres, rabbitmq}},
+	{"inbox", nil, []string{postgres, rabbitmq}},
 	{"nats", nil, []string{postgres, nats}},
 	{"cqrs", nil, []string{postgres}},
 	{"swap", nil, []string{postgres}},

@@ -51,7 +51,7 @@ func TestFaultToleranceMySQL(t *testing.T) {
 	table := "txo_fault_" + strings.ToLower(watermill.NewShortUUID())
 	business := table + "_orders"
 	t.Cleanup(func() {
-		db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + business)
+		db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_inbox, " + business)
 	})
 	store, err := mysql.New(db, mysql.Config{Table: table})
 	if err != nil {

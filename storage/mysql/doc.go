@@ -39,7 +39,7 @@
 //   - Your application: [New], [Storage.Migrate] (or [Storage.CreateSchema];
 //     [Storage.SchemaSQL] and [Storage.Migrations] for your own migration
 //     tool), and [Storage.Insert], which the txoutbox.Publisher calls for
-//     you.
+//     you; on the consumer's side, [Storage.Inbox] for the inbox package.
 //   - The forwarder, through the relay protocol ([storage.Storage]):
 //     [Storage.Claim], [Storage.Ack], [Storage.Nack], [Storage.Release],
 //     [Storage.DeadLetter], [Storage.Extend]. Do not call them yourself.

@@ -26,7 +26,7 @@ func Example() {
 	defer db.Close()
 	// A table of its own, so the example leaves nothing behind.
 	table := fmt.Sprintf("txoutbox_example_%d", time.Now().UnixNano())
-	defer db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations") //nolint:errcheck // example clean-up
+	defer db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_inbox") //nolint:errcheck // example clean-up
 
 	store, err := mysql.New(db, mysql.Config{Table: table})
 	if err != nil {

@@ -108,7 +108,7 @@ func newTable(t testing.TB, db *sql.DB) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+name+"`, `"+name+"_skipped`, `"+name+"_migrations`, `"+name+"_keys`"); err != nil {
+		if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+name+"`, `"+name+"_skipped`, `"+name+"_migrations`, `"+name+"_keys`, `"+name+"_inbox`"); err != nil {
 			t.Errorf("drop table %s: %v", name, err)
 		}
 	})

@@ -20,8 +20,8 @@ const SchemaLockTimeout = 30
 
 // The schema as numbered steps: NNN_name.up.sql, and NNN_name.down.sql where
 // reverting is safe and every later step has one (see migfiles.Load); one
-// statement each. {table} and {skipped} stand for the quoted outbox and
-// skipped tables.
+// statement each. {table}, {skipped} and {inbox} stand for the quoted
+// outbox, skipped and inbox tables.
 //
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
@@ -67,7 +67,7 @@ func (s *Storage) sibling(suffix string) string {
 }
 
 func (s *Storage) render(sqlText string) string {
-	return strings.NewReplacer("{table}", s.table, "{skipped}", s.SkippedTable(), "{keys}", s.KeyTable()).Replace(sqlText)
+	return strings.NewReplacer("{table}", s.table, "{skipped}", s.SkippedTable(), "{keys}", s.KeyTable(), "{inbox}", s.InboxTable()).Replace(sqlText)
 }
 
 // Migrations implements [storage.Migrator]: the steps with their SQL for

@@ -39,7 +39,9 @@
 //   - Your application: [New], [Storage.Migrate] (or [Storage.CreateSchema];
 //     [Storage.SchemaSQL], [Storage.Migrations] and [Storage.TriggerSQL] for
 //     your own migration tool), [Storage.Listen] beside a forwarder, and
-//     [Storage.Insert], which the txoutbox.Publisher calls for you.
+//     [Storage.Insert], which the txoutbox.Publisher calls for you; on the
+//     consumer's side, [Storage.Inbox] or [Storage.InboxDB] for the inbox
+//     package.
 //   - The forwarder, through the relay protocol ([storage.Storage],
 //     [storage.DrainClaimer], [storage.Membership]): [Storage.Claim],
 //     [Storage.ClaimDrained], [Storage.Ack], [Storage.Nack],

@@ -125,6 +125,8 @@ func TestMigrateAdoptsUnrecordedSchema(t *testing.T) {
 // indexStatements are the CREATE INDEX statements of a step's SQL.
 var indexStatements = regexp.MustCompile(`CREATE INDEX IF NOT EXISTS [^;]*;`)
 
+func onOutbox(createIndex string) bool { return strings.Contains(createIndex, " ON {table} ") }
+
 // TestMigratePrebuiltIndexes: an operator builds a later step's indexes
 // beforehand with CREATE INDEX CONCURRENTLY (and adds the columns they
 // need), as docs/operations.md says; Migrate still applies the whole step
@@ -133,7 +135,9 @@ var indexStatements = regexp.MustCompile(`CREATE INDEX IF NOT EXISTS [^;]*;`)
 func TestMigratePrebuiltIndexes(t *testing.T) {
 	t.Parallel()
 	for _, st := range loadSteps()[1:] {
-		if !indexStatements.MatchString(st.Up) {
+		// Only the outbox table's indexes: a table the step creates has
+		// none to build beforehand.
+		if !slices.ContainsFunc(indexStatements.FindAllString(st.Up, -1), onOutbox) {
 			continue
 		}
 		t.Run(fmt.Sprintf("step %d %s", st.Version, st.Name), func(t *testing.T) {
@@ -147,7 +151,7 @@ func TestMigratePrebuiltIndexes(t *testing.T) {
 			for _, add := range regexp.MustCompile(`ALTER TABLE \{table\} ADD COLUMN IF NOT EXISTS [^;]*;`).FindAllString(st.Up, -1) {
 				execSQL(t, s, s.render(add))
 			}
-			for _, idx := range indexStatements.FindAllString(st.Up, -1) {
+			for _, idx := range slices.DeleteFunc(indexStatements.FindAllString(st.Up, -1), func(s string) bool { return !onOutbox(s) }) {
 				execSQL(t, s, strings.Replace(s.render(idx), "CREATE INDEX IF NOT EXISTS", "CREATE INDEX CONCURRENTLY IF NOT EXISTS", 1))
 			}
 			must(t, s.Migrate(t.Context()))

@@ -130,7 +130,7 @@ func TestDerivedNamesStayDistinct(t *testing.T) {
 	long := pgx.Identifier{strings.Repeat("t", 63)}
 	seen := map[string]bool{}
 	for _, suffix := range []string{"pending_idx", "rescheduled_idx", "delivered_idx", "dead_idx", "notify", "notify_trg", "leases", "workers", "delivered", "delivered_at_idx",
-		"skipped", "migrations", "key_idx", "dead_key_idx", "dead_id_idx", "failed_key_idx", "ready_idx", "retry_idx", "held_idx", "hold_check", "unheld_retry_idx"} {
+		"skipped", "migrations", "key_idx", "dead_key_idx", "dead_id_idx", "failed_key_idx", "ready_idx", "retry_idx", "held_idx", "hold_check", "unheld_retry_idx", "inbox", "inbox_received_idx"} {
 		n := derivedName(long, suffix)
 		if len(n) > maxIdentifierLen || seen[n] {
 			t.Fatalf("derivedName(%s) = %q: too long or duplicate", suffix, n)
@@ -150,10 +150,10 @@ func TestCreateSchemaIsIdempotentAndLongNamesWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Primary key + 10, the lease, worker, skipped and migrations tables'
-	// primary keys, the delivered table's index.
-	if n != 16 {
-		t.Fatalf("%d indexes, want 16", n)
+	// Primary key + 10, the lease, worker, skipped, migrations and inbox
+	// tables' primary keys, the delivered and inbox tables' indexes.
+	if n != 18 {
+		t.Fatalf("%d indexes, want 18", n)
 	}
 	insert(t, s, recs("a", "")...)
 	if got := claim(t, s, "w", 10, time.Minute); len(got) != 2 {

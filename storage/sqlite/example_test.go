@@ -149,7 +149,7 @@ func ExampleStorage_Migrate() {
 	}
 	fmt.Println("re-driven:", n)
 	// Output:
-	// schema version 4 of 4
+	// schema version 5 of 5
 	// key o-1 held by record 1 (dead), 1 behind
 	// dead: 1 {"v":1} "schema rejected"
 	// re-driven: 1
