@@ -175,8 +175,8 @@ func (r *txoRelay) Teardown(ctx context.Context) error {
 	var err error
 	if r.fwdPool != nil && r.store != nil {
 		fn := pgx.Identifier{r.cfg.name + "_notify"}.Sanitize()
-		_, err = r.fwdPool.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s, %s, %s, %s; DROP FUNCTION IF EXISTS %s()",
-			r.store.Table(), r.store.LeaseTable(), r.store.WorkerTable(), r.store.DeliveredTable(), r.store.MigrationTable(), r.store.SkippedTable(), fn), pgx.QueryExecModeSimpleProtocol)
+		_, err = r.fwdPool.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s, %s, %s, %s, %s; DROP FUNCTION IF EXISTS %s()",
+			r.store.Table(), r.store.LeaseTable(), r.store.WorkerTable(), r.store.DeliveredTable(), r.store.MigrationTable(), r.store.SkippedTable(), r.store.InboxTable(), fn), pgx.QueryExecModeSimpleProtocol)
 	}
 	if r.fwdPool != nil {
 		r.fwdPool.Close()

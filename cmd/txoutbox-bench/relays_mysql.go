@@ -102,7 +102,7 @@ func (r *txoMyRelay) Start(ctx context.Context, target message.Publisher) (func(
 func (r *txoMyRelay) Teardown(ctx context.Context) error {
 	var err error
 	if r.fwdDB != nil {
-		_, err = r.fwdDB.ExecContext(ctx, "DROP TABLE IF EXISTS `"+r.cfg.name+"`, `"+r.cfg.name+"_skipped`, `"+r.cfg.name+"_migrations`, `"+r.cfg.name+"_keys`")
+		_, err = r.fwdDB.ExecContext(ctx, "DROP TABLE IF EXISTS `"+r.cfg.name+"`, `"+r.cfg.name+"_skipped`, `"+r.cfg.name+"_migrations`, `"+r.cfg.name+"_keys`, `"+r.cfg.name+"_inbox`")
 		_ = r.fwdDB.Close()
 	}
 	if r.prodDB != nil {

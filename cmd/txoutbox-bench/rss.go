@@ -42,7 +42,7 @@ func (b *bench) rss(ctx context.Context) (err error) {
 		return err
 	}
 	defer func() {
-		_, derr := pool.Exec(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()+", "+store.LeaseTable()+", "+store.WorkerTable()+", "+store.DeliveredTable()+", "+store.MigrationTable()+", "+store.SkippedTable())
+		_, derr := pool.Exec(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()+", "+store.LeaseTable()+", "+store.WorkerTable()+", "+store.DeliveredTable()+", "+store.MigrationTable()+", "+store.SkippedTable()+", "+store.InboxTable())
 		err = errors.Join(err, derr)
 	}()
 	b.progress("rss: inserting %d pending rows", b.o.rssRows)

@@ -381,6 +381,12 @@ func (s *Storage) checkTables(ctx context.Context, tx pgx.Tx, steps []migfiles.S
 // tables, columns and indexes are all there (a step that creates nothing
 // Migrate can look for cannot be the one).
 func (s *Storage) adoptVersion(ctx context.Context, tx pgx.Tx, steps []migfiles.Step) (int, error) {
+	// A later step's table alone (an inbox table left behind when the
+	// outbox was dropped) is no outbox to adopt.
+	var outbox bool
+	if err := tx.QueryRow(ctx, "SELECT to_regclass("+lit(s.table)+") IS NOT NULL").Scan(&outbox); err != nil || !outbox {
+		return 0, err
+	}
 	for v := len(steps); v >= 1; v-- {
 		cond := s.present(steps[v-1])
 		if cond == "" {

@@ -122,6 +122,24 @@ func TestMigrateAdoptsUnrecordedSchema(t *testing.T) {
 	driftClean(t, s)
 }
 
+// TestMigrateLeftoverLaterTableIsNoOutbox: a later step's table left
+// behind where the outbox was dropped (the inbox table) is not an outbox to
+// adopt: Migrate creates the whole schema. It adopted at the inbox's step
+// and created no outbox table.
+func TestMigrateLeftoverLaterTableIsNoOutbox(t *testing.T) {
+	t.Parallel()
+	s := bareStore(t)
+	must(t, s.Migrate(t.Context()))
+	execSQL(t, s, fmt.Sprintf("DROP TABLE %s, %s, %s, %s, %s, %s", s.Table(), s.LeaseTable(), s.WorkerTable(), s.DeliveredTable(), s.MigrationTable(), s.SkippedTable()))
+	must(t, s.Migrate(t.Context()))
+	if v := version(t, s); v != LatestVersion() {
+		t.Fatalf("at version %d after Migrate, want %d", v, LatestVersion())
+	}
+	if got, want := shape(t, s), freshShape(t); !slices.Equal(got, want) {
+		t.Fatalf("schema after Migrate beside a leftover inbox table differs from a fresh Migrate:\n%s", diffLines(got, want))
+	}
+}
+
 // indexStatements are the CREATE INDEX statements of a step's SQL.
 var indexStatements = regexp.MustCompile(`CREATE INDEX IF NOT EXISTS [^;]*;`)
 
