@@ -172,6 +172,9 @@ func publishAll(t *testing.T, ins storage.Inserter, tx any, recs []storage.Recor
 		if r.Key != "" {
 			msg.Metadata.Set(txoutbox.MetadataKey, r.Key)
 		}
+		if !r.DueAt.IsZero() {
+			txoutbox.DeliverAt(msg, r.DueAt)
+		}
 		if err := pub.Publish(r.Topic, msg); err != nil {
 			t.Fatalf("Publish: %v", err)
 		}

@@ -136,6 +136,9 @@ func TxFromContext(ctx context.Context) (any, bool) {
 // metadata named MetadataOutboxID, MetadataAttempt or MetadataCreatedAt
 // (reserved: the forwarder sets them), is an error wrapping ErrInvalidMessage.
 // MetadataKey is not reserved: it is how producers set the ordering key.
+// MetadataDeliverAt (or Watermill's delay metadata) delays the record's
+// delivery; a value that is not an RFC 3339 time is an error wrapping
+// ErrInvalidMessage.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.closed.Load() {
 		return ErrPublisherClosed
@@ -227,12 +230,17 @@ func (p *Publisher) record(topic string, msg *message.Message) (storage.Record, 
 			metadata[k] = v
 		}
 	}
+	due, err := deliverAt(msg)
+	if err != nil {
+		return storage.Record{}, err
+	}
 	return storage.Record{
 		UUID:     msg.UUID,
 		Topic:    topic,
 		Key:      key,
 		Payload:  msg.Payload,
 		Metadata: metadata,
+		DueAt:    due,
 	}, nil
 }
 

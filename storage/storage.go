@@ -69,6 +69,12 @@ type Record struct {
 	Attempts int
 	// CreatedAt is when the record was inserted.
 	CreatedAt time.Time
+	// DueAt is the earliest time the record may be claimed (delayed
+	// delivery), on the application's clock; zero, or a time already past,
+	// means at once. Inserter.Insert reads it; a claim leaves it zero. With
+	// strict ordering a record that is not due yet holds back the later
+	// records of its key, like one waiting for a retry.
+	DueAt time.Time
 	// DecodeError is set by an adapter when the stored row could not be decoded
 	// (for example metadata corrupted by hand). The forwarder dead-letters such a
 	// record with this reason instead of publishing it, so it never stalls its key.
@@ -218,8 +224,8 @@ type StatsReader interface {
 // caller's own transaction, which is what makes the outbox transactional. tx is
 // the adapter's transaction type (pgx.Tx or *sql.Tx for Postgres, *sql.Tx for
 // SQLite); any other type is an error wrapping [ErrUnsupportedTx]. Only UUID,
-// Topic, Key, Payload and Metadata of each record are used. All records are
-// written in one round trip when the adapter can.
+// Topic, Key, Payload, Metadata and DueAt of each record are used. All
+// records are written in one round trip when the adapter can.
 type Inserter interface {
 	Insert(ctx context.Context, tx any, records []Record) error
 }

@@ -101,8 +101,8 @@ func (s *Storage) HoldOnDeadLetter() bool {
 }
 
 // Add inserts records, committed at once, and returns their ids in the same
-// order. Only UUID, Topic, Key, Payload and Metadata are used; the payload and
-// metadata are copied. Add does not validate the records.
+// order. Only UUID, Topic, Key, Payload, Metadata and DueAt are used; the
+// payload and metadata are copied. Add does not validate the records.
 func (s *Storage) Add(records ...storage.Record) []int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -122,6 +122,9 @@ func (s *Storage) Add(records ...storage.Record) []int64 {
 				CreatedAt: now,
 			},
 			status: storage.StatusPending,
+		}
+		if r.DueAt.After(now) {
+			e.dueAt = r.DueAt
 		}
 		s.records = append(s.records, e)
 		s.byID[e.record.ID] = e

@@ -21,7 +21,8 @@ func TestMain(m *testing.M) {
 // harness runs the contract suite against memory storages made with config.
 func harness(config memory.Config) storagetest.Harness {
 	return storagetest.Harness{
-		New: func(t *testing.T) storage.Storage { return memory.New(config) },
+		New:             func(t *testing.T) storage.Storage { return memory.New(config) },
+		DelayedDelivery: true,
 		Insert: func(t *testing.T, s storage.Storage, records ...storage.Record) []int64 {
 			return s.(*memory.Storage).Add(records...)
 		},

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/txoutbox/txoutbox/storage"
@@ -91,6 +92,7 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 	}
 	split := min(budget, maxStatementBytes)
 	due := plusMicros("UTC_TIMESTAMP(6)", s.config.VisibilityDelay)
+	now := time.Now()
 	var b strings.Builder
 	var args []any
 	n, size := 0, 0
@@ -137,7 +139,14 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 			strLit(&b, metadata[i])
 		}
 		b.WriteString(",UTC_TIMESTAMP(6),")
-		b.WriteString(due)
+		if r.DueAt.After(now) {
+			// A delayed record: the claim's walk (by due time) reaches it
+			// at its time, and strict ordering holds its key's later
+			// records behind it until then.
+			b.WriteString("GREATEST(" + timeLit(r.DueAt) + "," + due + ")")
+		} else {
+			b.WriteString(due)
+		}
 		b.WriteByte(')')
 		n++
 		size += sizes[i]
@@ -185,6 +194,9 @@ func checkRecord(r storage.Record) (string, error) {
 	if strings.HasSuffix(r.Key, " ") {
 		return "", fmt.Errorf("%w: key %q ends in a space: MySQL and MariaDB compare text ignoring trailing spaces (PAD SPACE), so it would share the order of key %q",
 			storage.ErrInvalidRecord, r.Key, strings.TrimRight(r.Key, " "))
+	}
+	if r.DueAt.Year() > 9999 {
+		return "", fmt.Errorf("%w: due time %s is past the DATETIME range (year 9999)", storage.ErrInvalidRecord, r.DueAt.UTC().Format(time.RFC3339))
 	}
 	if r.Metadata == nil {
 		return "", nil

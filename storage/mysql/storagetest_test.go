@@ -12,6 +12,7 @@ func harness(config Config) storagetest.Harness {
 		New: func(t *testing.T) storage.Storage {
 			return newStore(t, config)
 		},
+		DelayedDelivery: true,
 		Insert: func(t *testing.T, s storage.Storage, records ...storage.Record) []int64 {
 			return insert(t, s.(*Storage), records...)
 		},

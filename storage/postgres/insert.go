@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -41,6 +42,8 @@ func (s *Storage) insert(ctx context.Context, tx any, records []storage.Record, 
 	keys := make([]string, n)
 	payloads := make([][]byte, n)
 	metas := make([]*string, n) // nil = SQL NULL, kept apart from an empty map
+	var dues []*time.Time       // nil = due at once; allocated for the first delayed record
+	now := time.Now()
 	for i, r := range records {
 		if err := checkRecord(r); err != nil {
 			return nil, fmt.Errorf("insert outbox rows: record %d (uuid %q): %w", i, r.UUID, err)
@@ -54,16 +57,35 @@ func (s *Storage) insert(ctx context.Context, tx any, records []storage.Record, 
 			m := string(b)
 			metas[i] = &m
 		}
+		if r.DueAt.After(now) {
+			if dues == nil {
+				dues = make([]*time.Time, n)
+			}
+			dues[i] = &records[i].DueAt
+		}
 	}
 	// ORDER BY ord: ids follow the order of records.
 	q := fmt.Sprintf(`INSERT INTO %s (uuid, topic, key, payload, metadata)
 SELECT u, t, k, p, m FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[])
     WITH ORDINALITY AS r(u, t, k, p, m, ord)
 ORDER BY ord`, s.table)
+	args := []any{uuids, topics, keys, payloads, metas}
+	if dues != nil {
+		// A delayed record is due at its time (or at once, should the
+		// time have passed by now) and waits in the retry index
+		// (hold 'retry') until a claim's wake finds it due: it never
+		// enters the claim's walk before, and with strict ordering it
+		// holds back the later records of its key (see the claim).
+		q = fmt.Sprintf(`INSERT INTO %s (uuid, topic, key, payload, metadata, due_at, hold)
+SELECT u, t, k, p, m, GREATEST(d, now()), CASE WHEN d > clock_timestamp() THEN 'retry' END
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[], $6::timestamptz[])
+    WITH ORDINALITY AS r(u, t, k, p, m, d, ord)
+ORDER BY ord`, s.table)
+		args = append(args, dues)
+	}
 	if returning {
 		q += "\nRETURNING id"
 	}
-	args := []any{uuids, topics, keys, payloads, metas}
 	var ids []int64
 	var err error
 	switch tx := tx.(type) {

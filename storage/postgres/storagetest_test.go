@@ -29,6 +29,7 @@ func harnessOf(config Config, wrap func(*Storage) storage.Storage) storagetest.H
 		New: func(t *testing.T) storage.Storage {
 			return wrap(newStore(t, config))
 		},
+		DelayedDelivery: true,
 		Insert: func(t *testing.T, s storage.Storage, records ...storage.Record) []int64 {
 			return insert(t, unwrap(s), records...)
 		},

@@ -17,6 +17,7 @@ func TestContract(t *testing.T) {
 				New: func(t *testing.T) storage.Storage {
 					return newTestStorage(t, Config{DisableStrictOrdering: !strict})
 				},
+				DelayedDelivery: true,
 				Insert: func(t *testing.T, s storage.Storage, records ...storage.Record) []int64 {
 					return insert(t, s.(*Storage), records...)
 				},

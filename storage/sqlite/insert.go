@@ -11,7 +11,7 @@ import (
 	"github.com/txoutbox/txoutbox/storage"
 )
 
-// insertChunk is the most records one INSERT statement carries: 7 bound
+// insertChunk is the most records one INSERT statement carries: 8 bound
 // values each stays far below SQLite's default limit of 32766 host
 // parameters.
 const insertChunk = 1000
@@ -29,12 +29,17 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 		return nil
 	}
 	metadata := make([]any, len(records))
+	dues := make([]int64, len(records))
+	now := s.now()
 	for i, r := range records {
 		m, err := validateRecord(r)
 		if err != nil {
 			return fmt.Errorf("insert outbox records: record %d: %w", i, err)
 		}
 		metadata[i] = m
+		if r.DueAt.After(now) {
+			dues[i] = nanos(r.DueAt)
+		}
 	}
 	// created_at never decreases in id order, even when the clock steps
 	// back or a producer that read it first gets the write lock second, so
@@ -42,8 +47,8 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 	// the first record takes the later of the clock and the newest record's
 	// created_at, read by its INSERT under the write lock, and the others,
 	// inserted under the same lock, take the same.
-	created := nanos(s.now())
-	if err := sqlTx.QueryRowContext(ctx, s.insertFirstSQL(records[0]), s.insertFirstArgs(created, records[0], metadata[0])...).Scan(&created); err != nil {
+	created := nanos(now)
+	if err := sqlTx.QueryRowContext(ctx, s.insertFirstSQL(records[0]), s.insertFirstArgs(created, records[0], metadata[0], dues[0])...).Scan(&created); err != nil {
 		return fmt.Errorf("insert %d outbox records into %q: %w", len(records), s.table, err)
 	}
 	if len(records) == 1 {
@@ -56,9 +61,14 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 	if err != nil {
 		return fmt.Errorf("insert %d outbox records into %q: %w", len(records), s.table, err)
 	}
+	for i := range holds {
+		if holds[i] == nil && dues[i] != 0 {
+			holds[i] = "retry"
+		}
+	}
 	for start := 1; start < len(records); start += insertChunk {
 		end := min(start+insertChunk, len(records))
-		query, args := s.insertSQL(created, records[start:end], metadata[start:end], holds[start:end])
+		query, args := s.insertSQL(created, records[start:end], metadata[start:end], holds[start:end], dues[start:end])
 		if _, err := sqlTx.ExecContext(ctx, query, args...); err != nil {
 			return fmt.Errorf("insert %d outbox records into %q: %w", len(records), s.table, err)
 		}
@@ -70,21 +80,24 @@ func (s *Storage) Insert(ctx context.Context, tx any, records []storage.Record) 
 // clock and the newest record's, and, with strict ordering, a keyed record
 // set aside (hold 'behind') when an earlier record of its key is pending or
 // dead and holding the key: claims then never read it until that one is
-// gone (see the schema's triggers).
+// gone (see the schema's triggers). A delayed record (due_at ?7, 0 when due
+// at once) that is not set aside so waits for its time like a retry
+// (hold 'retry'), out of the claims' walk.
 func (s *Storage) insertFirstSQL(r storage.Record) string {
 	t := quote(s.table)
-	hold := "NULL"
+	hold := "CASE WHEN ?7 > 0 THEN 'retry' END"
 	if r.Key != "" && s.strict {
 		hold = fmt.Sprintf(`CASE WHEN EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending' AND "key" <> '' AND "key" = ?4)
-    OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'dead' AND "key" <> '' AND "key" = ?4 AND hold = 'key') THEN 'behind' END`, t)
+    OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'dead' AND "key" <> '' AND "key" = ?4 AND hold = 'key') THEN 'behind'
+    WHEN ?7 > 0 THEN 'retry' END`, t)
 	}
-	return fmt.Sprintf(`INSERT INTO %[1]s (created_at, uuid, topic, "key", payload, metadata, hold)
-VALUES (max(?1, ifnull((SELECT created_at FROM %[1]s ORDER BY id DESC LIMIT 1), 0)), ?2, ?3, ?4, ?5, ?6, %[2]s)
+	return fmt.Sprintf(`INSERT INTO %[1]s (created_at, uuid, topic, "key", payload, metadata, due_at, hold)
+VALUES (max(?1, ifnull((SELECT created_at FROM %[1]s ORDER BY id DESC LIMIT 1), 0)), ?2, ?3, ?4, ?5, ?6, ?7, %[2]s)
 RETURNING created_at`, t, hold)
 }
 
-func (s *Storage) insertFirstArgs(created int64, r storage.Record, metadata any) []any {
-	return []any{created, r.UUID, r.Topic, r.Key, payloadOf(r), metadata}
+func (s *Storage) insertFirstArgs(created int64, r storage.Record, metadata any, due int64) []any {
+	return []any{created, r.UUID, r.Topic, r.Key, payloadOf(r), metadata, due}
 }
 
 // insertHolds returns the hold of each record but the first: with strict
@@ -142,22 +155,22 @@ WHERE EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending' AND "key" <> '' AND "
 }
 
 // insertSQL is one multi-row INSERT.
-func (s *Storage) insertSQL(created int64, records []storage.Record, metadata, holds []any) (string, []any) {
+func (s *Storage) insertSQL(created int64, records []storage.Record, metadata, holds []any, dues []int64) (string, []any) {
 	// Anonymous ? parameters: the driver looks up the name of every numbered
 	// one (?NNN) with a linear scan, which makes a large insert quadratic.
-	const row = "(?,?,?,?,?,?,?)"
+	const row = "(?,?,?,?,?,?,?,?)"
 	var b strings.Builder
 	b.Grow(96 + len(records)*(len(row)+1))
 	b.WriteString("INSERT INTO ")
 	b.WriteString(quote(s.table))
-	b.WriteString(` (created_at, uuid, topic, "key", payload, metadata, hold) VALUES `)
-	args := make([]any, 0, 7*len(records))
+	b.WriteString(` (created_at, uuid, topic, "key", payload, metadata, due_at, hold) VALUES `)
+	args := make([]any, 0, 8*len(records))
 	for i, r := range records {
 		if i > 0 {
 			b.WriteByte(',')
 		}
 		b.WriteString(row)
-		args = append(args, created, r.UUID, r.Topic, r.Key, payloadOf(r), metadata[i], holds[i])
+		args = append(args, created, r.UUID, r.Topic, r.Key, payloadOf(r), metadata[i], dues[i], holds[i])
 	}
 	return b.String(), args
 }

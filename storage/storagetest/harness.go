@@ -13,9 +13,15 @@ type Harness struct {
 	// test case, possibly from parallel tests. Use t.Cleanup to tear it down.
 	New func(t *testing.T) storage.Storage
 
-	// Insert commits records (only UUID, Topic, Key, Payload and Metadata are
-	// set) in the given order and returns their ids.
+	// Insert commits records (only UUID, Topic, Key, Payload, Metadata and
+	// DueAt are set) in the given order and returns their ids. A record's
+	// DueAt is its earliest claim time (see [storage.Record.DueAt]); the
+	// DelayedDelivery cases run only when DelayedDelivery is set.
 	Insert func(t *testing.T, s storage.Storage, records ...storage.Record) []int64
+
+	// DelayedDelivery says Insert honours Record.DueAt: the delayed delivery
+	// cases run only when it is true.
+	DelayedDelivery bool
 
 	// Inspect, if set, returns the stored state of one record; the cases that
 	// check recorded errors and parked records need it and are skipped without.

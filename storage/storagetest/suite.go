@@ -36,7 +36,9 @@ type testCase struct {
 	inspect bool
 	// hold marks cases that run on Harness.NewHoldOnDeadLetter's storage.
 	hold bool
-	run  func(t *testing.T, e *env)
+	// delay marks cases that need Harness.DelayedDelivery.
+	delay bool
+	run   func(t *testing.T, e *env)
 }
 
 // group is a set of cases run under one parent test.
@@ -69,6 +71,9 @@ func Run(t *testing.T, h Harness) {
 				t.Run(c.name, func(t *testing.T) {
 					if c.strict && !h.StrictOrdering {
 						t.Skip("skipped: Harness.StrictOrdering is false, the storage does not promise strict ordering")
+					}
+					if c.delay && !h.DelayedDelivery {
+						t.Skip("skipped: Harness.DelayedDelivery is false, Insert does not honour Record.DueAt")
 					}
 					if c.inspect && h.Inspect == nil {
 						t.Skip("skipped: needs Harness.Inspect to read the stored status and error")
@@ -104,6 +109,7 @@ func groups() []group {
 		{"Extend", extendCases()},
 		{"Keys", keyCases()},
 		{"StrictOrdering", strictOrderingCases()},
+		{"DelayedDelivery", delayCases()},
 		{"Concurrency", concurrencyCases()},
 		{"Stats", statsCases()},
 		{"Maintenance", maintenanceCases()},

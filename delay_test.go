@@ -1,0 +1,163 @@
+package txoutbox_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/storage"
+)
+
+// dueRecorder records, per message UUID, when the target received it.
+type dueRecorder struct {
+	mu   sync.Mutex
+	at   map[string]time.Time
+	uuid []string // in delivery order
+}
+
+func (r *dueRecorder) Publish(_ string, msgs ...*message.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range msgs {
+		if _, ok := r.at[m.UUID]; !ok {
+			r.at[m.UUID] = time.Now()
+			r.uuid = append(r.uuid, m.UUID)
+		}
+	}
+	return nil
+}
+
+func (r *dueRecorder) Close() error { return nil }
+
+func (r *dueRecorder) got(uuid string) (time.Time, int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, u := range r.uuid {
+		if u == uuid {
+			return r.at[uuid], i, true
+		}
+	}
+	return time.Time{}, 0, false
+}
+
+// TestForwarderDelayedDelivery: on every storage, through the transactional
+// publisher (memory: its Add), a delayed record reaches the target no
+// earlier than its time; under strict ordering it holds back the later
+// records of its key, which follow it in order; other keys and keyless
+// records are not held back, and a delayed keyless record holds back
+// nothing.
+func TestForwarderDelayedDelivery(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			s := b.new(t)
+			due := time.Now().Add(time.Second)
+			rec := func(key string, delayed bool) storage.Record {
+				r := record("orders", key, "x")
+				if delayed {
+					r.DueAt = due
+				}
+				return r
+			}
+			recs := []storage.Record{rec("a", true), rec("a", false), rec("b", false), rec("", true), rec("", false)}
+			b.insert(t, s, recs...)
+			target := &dueRecorder{at: map[string]time.Time{}}
+			stop := runForwarder(t, newForwarder(t, s, target, fastConfig()))
+			waitFor(t, 20*time.Second, "all five records delivered", func() bool {
+				_, _, ok := target.got(recs[0].UUID)
+				_, _, ok1 := target.got(recs[1].UUID)
+				_, _, ok3 := target.got(recs[3].UUID)
+				return ok && ok1 && ok3
+			})
+			stop()
+			const tolerance = 25 * time.Millisecond // the database's clock against the test's
+			for i, r := range recs {
+				at, _, ok := target.got(r.UUID)
+				if !ok {
+					t.Fatalf("record %d (key %q) never delivered", i, r.Key)
+				}
+				if (i == 0 || i == 1 || i == 3) && at.Before(due.Add(-tolerance)) {
+					t.Errorf("record %d (key %q) delivered %v before the delayed time of its key's head", i, r.Key, due.Sub(at))
+				}
+				if (i == 2 || i == 4) && !at.Before(due) {
+					t.Errorf("record %d (key %q), not delayed, delivered only after the others' delayed time: held back by another key's delayed record", i, r.Key)
+				}
+			}
+			_, head, _ := target.got(recs[0].UUID)
+			_, next, _ := target.got(recs[1].UUID)
+			if next < head {
+				t.Errorf("record 1 of key a delivered before its delayed head: per-key order broken")
+			}
+		})
+	}
+}
+
+// TestPublisherDeliverAt: DeliverAt, Delay and Watermill's delay metadata
+// set the record's due time; MetadataDeliverAt wins over Watermill's; a
+// value that is not an RFC 3339 time is refused and nothing is written.
+func TestPublisherDeliverAt(t *testing.T) {
+	ins := &dueInserter{}
+	pub, err := txoutbox.NewTxPublisher(ins, new(int), txoutbox.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2030, 1, 2, 3, 4, 5, 600_000_000, time.UTC)
+	newMsg := func() *message.Message { return message.NewMessage(watermill.NewUUID(), nil) }
+
+	plain, own, delayed, wm, both := newMsg(), newMsg(), newMsg(), newMsg(), newMsg()
+	txoutbox.DeliverAt(own, at)
+	before := time.Now()
+	txoutbox.Delay(delayed, time.Hour)
+	delay.Message(wm, delay.Until(at))
+	delay.Message(both, delay.Until(at.Add(time.Hour)))
+	txoutbox.DeliverAt(both, at)
+	if err := pub.Publish("t", plain, own, delayed, wm, both); err != nil {
+		t.Fatal(err)
+	}
+	got := ins.records
+	if !got[0].DueAt.IsZero() {
+		t.Errorf("a message without delay metadata got DueAt %v, want zero", got[0].DueAt)
+	}
+	if !got[1].DueAt.Equal(at) {
+		t.Errorf("DeliverAt: DueAt %v, want %v", got[1].DueAt, at)
+	}
+	if d := got[2].DueAt.Sub(before); d < time.Hour || d > time.Hour+time.Minute {
+		t.Errorf("Delay(1h): DueAt %v after the call, want an hour", d)
+	}
+	if !got[3].DueAt.Equal(at.Truncate(time.Second)) {
+		t.Errorf("Watermill's delay.Message: DueAt %v, want %v", got[3].DueAt, at.Truncate(time.Second))
+	}
+	if !got[4].DueAt.Equal(at) {
+		t.Errorf("both metadata: DueAt %v, want txoutbox's %v", got[4].DueAt, at)
+	}
+	if got[1].Metadata[txoutbox.MetadataDeliverAt] == "" {
+		t.Error("MetadataDeliverAt was removed from the stored metadata, want it kept for the consumer")
+	}
+
+	for name, v := range map[string]message.Metadata{
+		"txoutbox":  {txoutbox.MetadataDeliverAt: "tomorrow"},
+		"watermill": {delay.DelayedUntilKey: "2030-01-02 03:04:05"},
+	} {
+		ins.records = nil
+		bad := newMsg()
+		bad.Metadata = v
+		err := pub.Publish("t", newMsg(), bad)
+		if !errors.Is(err, txoutbox.ErrInvalidMessage) || ins.records != nil {
+			t.Errorf("%s metadata that is not a time: err %v, %d records written; want ErrInvalidMessage and nothing", name, err, len(ins.records))
+		}
+	}
+}
+
+type dueInserter struct{ records []storage.Record }
+
+func (d *dueInserter) Insert(_ context.Context, _ any, recs []storage.Record) error {
+	d.records = append(d.records, recs...)
+	return nil
+}
