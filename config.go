@@ -30,11 +30,18 @@ const (
 	ProbeIntervalDefault    = time.Second
 	ProbeIntervalMaxDefault = 30 * time.Second
 
+	RetentionDefault         = 7 * 24 * time.Hour
+	RetentionIntervalDefault = time.Minute
+
 	BackoffBaseDefault   = time.Second
 	BackoffFactorDefault = 2.0
 	BackoffMaxDefault    = 5 * time.Minute
 	BackoffJitterDefault = 0.25
 )
+
+// NoRetention turns the forwarders' retention off when set as
+// [ForwarderConfig.Retention]: delivered records then stay until purged.
+const NoRetention time.Duration = -1
 
 // NoPublishTimeout turns the per-publish timeout off when set as
 // [ForwarderConfig.PublishTimeout]. Leave the timeout on unless the target
@@ -189,6 +196,18 @@ type ForwarderConfig struct {
 	// (MetadataOutboxID, MetadataAttempt, MetadataKey, MetadataCreatedAt) and
 	// its context holds the [Delivery] (see DeliveryFromContext).
 	Middlewares []message.HandlerMiddleware
+	// Retention is how long delivered records are kept: a running
+	// forwarder deletes those delivered longer ago, every RetentionInterval,
+	// in statements of at most 1000 records, so that the table does not
+	// grow until someone notices. One forwarder at a time prunes (the
+	// storage's advisory lock, or SQLite's write lock), and it never touches
+	// a pending or dead record. Only storages that implement storage.Pruner
+	// (every built-in one) are pruned; RunOnce never prunes. Defaults to 7
+	// days, long enough to look into what was delivered last week;
+	// NoRetention keeps delivered records until purged.
+	Retention time.Duration
+	// RetentionInterval is how often a forwarder prunes. Defaults to 1m.
+	RetentionInterval time.Duration
 	// OnOutcome, if set, is called with the outcome of every claimed record
 	// once it is written back, including the records that never reach the
 	// middleware (released, undecodable, timed out). It runs on the
@@ -218,6 +237,8 @@ func (c *ForwarderConfig) setDefaults() {
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, ShutdownTimeoutDefault)
 	c.BookkeepingTimeout = cmp.Or(c.BookkeepingTimeout, BookkeepingTimeoutDefault)
 	c.WorkerID = cmp.Or(c.WorkerID, "txoutbox-"+watermill.NewShortUUID())
+	c.Retention = cmp.Or(c.Retention, RetentionDefault)
+	c.RetentionInterval = cmp.Or(c.RetentionInterval, RetentionIntervalDefault)
 }
 
 // Validate checks a configuration after defaults were applied and names the
@@ -271,6 +292,10 @@ func (c ForwarderConfig) Validate() error {
 	if err := c.Backoff.validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.Retention <= 0 && c.Retention != NoRetention {
+		errs = append(errs, fmt.Errorf("Retention must be > 0 or NoRetention, got %s", c.Retention))
+	}
+	positive("RetentionInterval", c.RetentionInterval)
 	if c.WorkerID == "" {
 		errs = append(errs, errors.New("WorkerID must not be empty"))
 	}

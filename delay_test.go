@@ -3,6 +3,7 @@ package txoutbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -160,4 +161,79 @@ type dueInserter struct{ records []storage.Record }
 func (d *dueInserter) Insert(_ context.Context, _ any, recs []storage.Record) error {
 	d.records = append(d.records, recs...)
 	return nil
+}
+
+// TestForwarderRetention: four forwarders relaying one table on every
+// storage, with retention on: each delivered record is deleted exactly once
+// (their Pruned counts add up to the delivered records), dead and delayed
+// (pending) records are never touched.
+func TestForwarderRetention(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			s := b.new(t)
+			var recs []storage.Record
+			poison := map[string]bool{}
+			for i := range 120 {
+				r := record("orders", fmt.Sprintf("k%d", i%6), fmt.Sprint(i))
+				if i%20 == 7 {
+					poison[r.UUID] = true
+				}
+				recs = append(recs, r)
+			}
+			later := record("orders", "", "later")
+			later.DueAt = time.Now().Add(time.Hour)
+			recs = append(recs, later)
+			ids := b.insert(t, s, recs...)
+			target := newRecorder()
+			target.fail = func(d delivery) error {
+				if poison[d.UUID] {
+					return errors.New("poison")
+				}
+				return nil
+			}
+			cfg := fastConfig()
+			cfg.MaxAttempts = 1 // a failure dead-letters at once
+			cfg.Retention = time.Nanosecond
+			cfg.RetentionInterval = 10 * time.Millisecond
+			var fwds []*txoutbox.Forwarder
+			for i := range 4 {
+				cfg.WorkerID = fmt.Sprintf("w%d", i)
+				f := newForwarder(t, s, target, cfg)
+				fwds = append(fwds, f)
+				runForwarder(t, f)
+			}
+			delivered := int64(len(recs) - 1 - len(poison))
+			pruned := func() (n int64) {
+				for _, f := range fwds {
+					n += f.Pruned()
+				}
+				return n
+			}
+			waitFor(t, 30*time.Second, "every delivered record pruned, every poison one dead", func() bool {
+				st, err := s.(storage.StatsReader).Stats(t.Context())
+				return err == nil && pruned() >= delivered && st.Dead == int64(len(poison))
+			})
+			st, err := s.(storage.StatsReader).Stats(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := pruned(); n != delivered || st.Delivered != 0 {
+				t.Fatalf("the forwarders pruned %d records, Stats.Delivered %d; want %d pruned (each delivered record once) and none left", n, st.Delivered, delivered)
+			}
+			if st.Dead != int64(len(poison)) || st.Pending != 1 {
+				t.Fatalf("Stats %+v after retention: want the %d dead records and the delayed one pending untouched", st, len(poison))
+			}
+			for i, r := range recs {
+				if poison[r.UUID] {
+					if got := b.inspect(t, s, ids[i]); got.Status != storage.StatusDead {
+						t.Errorf("dead record %d is %q after retention, want dead", ids[i], got.Status)
+					}
+				}
+			}
+			if got := b.inspect(t, s, ids[len(ids)-1]); got.Status != storage.StatusPending {
+				t.Errorf("delayed record is %q after retention, want pending", got.Status)
+			}
+		})
+	}
 }

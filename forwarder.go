@@ -130,6 +130,8 @@ type Forwarder struct {
 	// the target; aside waits for them when Run returns.
 	abandoned atomic.Int64
 	aside     sync.WaitGroup
+	// pruned counts the delivered records the retention deleted.
+	pruned atomic.Int64
 }
 
 // NewForwarder returns a forwarder that relays records of store to target.
@@ -214,6 +216,11 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	f.join(ctx)
 	defer f.leave(ctx)
 	defer f.waitAside()
+
+	rctx, stopRetention := context.WithCancel(ctx)
+	waitRetention := f.retain(rctx)
+	defer waitRetention()
+	defer stopRetention()
 
 	s, cancel := f.newSession(ctx, false)
 	defer cancel()

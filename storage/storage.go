@@ -321,3 +321,34 @@ type Maintainer interface {
 	// ErrInvalidRedrive for them rather than re-driving nothing.
 	Redrive(ctx context.Context, params RedriveParams) (int64, error)
 }
+
+// Pruner is implemented by storages whose forwarders keep delivered records
+// within a retention window themselves (ForwarderConfig.Retention in the
+// txoutbox package). One call deletes one bounded batch; the forwarder
+// calls it again while batches come back full.
+type Pruner interface {
+	// Prune deletes at most params.Limit records delivered more than
+	// params.OlderThan ago, the oldest first, and returns how many it
+	// deleted. Only one caller prunes at a time, across processes: with an
+	// advisory lock, a call that finds another pruning returns 0 at once
+	// rather than wait; with the database's write lock (SQLite), calls take
+	// turns. It never touches pending, dead or skipped records.
+	Prune(ctx context.Context, params PruneParams) (int64, error)
+}
+
+// PruneParams are the parameters of [Pruner.Prune].
+type PruneParams struct {
+	// OlderThan is the retention window: records delivered longer ago are
+	// deleted; >= 0.
+	OlderThan time.Duration
+	// Limit is the most records one call deletes; > 0.
+	Limit int
+}
+
+// Validate reports an error unless OlderThan >= 0 and Limit > 0.
+func (p PruneParams) Validate() error {
+	if p.OlderThan < 0 || p.Limit <= 0 {
+		return fmt.Errorf("prune outbox records: OlderThan must be >= 0 and Limit > 0, got %s and %d", p.OlderThan, p.Limit)
+	}
+	return nil
+}

@@ -86,6 +86,7 @@ var (
 	_ storage.Maintainer       = (*Storage)(nil)
 	_ storage.Operator         = (*Storage)(nil)
 	_ storage.DeadLetterHolder = (*Storage)(nil)
+	_ storage.Pruner           = (*Storage)(nil)
 )
 
 // New returns an empty storage.
@@ -371,6 +372,31 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 	var deleted int64
 	s.records = slices.DeleteFunc(s.records, func(e *entry) bool {
 		if e.status != storage.StatusDelivered || !e.deliveredAt.Before(cutoff) {
+			return false
+		}
+		delete(s.byID, e.record.ID)
+		deleted++
+		return true
+	})
+	return deleted, nil
+}
+
+// Prune implements [storage.Pruner]: it deletes up to params.Limit records
+// delivered more than params.OlderThan ago, under the storage's lock.
+func (s *Storage) Prune(ctx context.Context, params storage.PruneParams) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("prune outbox records: %w", err)
+	}
+	if err := params.Validate(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	cutoff := s.config.Now().Add(-params.OlderThan)
+	var deleted int64
+	s.records = slices.DeleteFunc(s.records, func(e *entry) bool {
+		if deleted == int64(params.Limit) || e.status != storage.StatusDelivered || !e.deliveredAt.Before(cutoff) {
 			return false
 		}
 		delete(s.byID, e.record.ID)

@@ -23,14 +23,39 @@ import (
 // in flight with every held row behind it (a hot key on a slow broker, or a
 // backlog of one key when the relay starts). The claim must pay for none of
 // them once they are parked: the first two by the nacks, the third by the
-// first claims whose walks pass them (see flight in buildQueries).
-var heldShapes = []string{"heads", "behind", "leased"}
+// first claims whose walks pass them (see flight in buildQueries). And rows
+// delayed by a day (delayed delivery, through Insert: keys of 20 rows and a
+// quarter keyless), which wait for their time out of the walk from the
+// insert on.
+var heldShapes = []string{"heads", "behind", "leased", "delayed"}
 
 // holdRows fills s with n held-back rows in the given shape.
 func holdRows(t testing.TB, s *Storage, shape string, n int) {
 	t.Helper()
 	ctx := t.Context()
 	if n == 0 {
+		return
+	}
+	if shape == "delayed" {
+		due := time.Now().Add(24 * time.Hour)
+		for start := 0; start < n; start += 50000 {
+			var recs []storage.Record
+			for i := start; i < min(start+50000, n); i++ {
+				r := storage.Record{UUID: strconv.Itoa(i), Topic: "held", Payload: []byte(strings.Repeat("x", 100)), DueAt: due}
+				if i%4 != 0 {
+					r.Key = "h" + strconv.Itoa(i/20)
+				}
+				recs = append(recs, r)
+			}
+			insert(t, s, recs...)
+		}
+		var waiting int
+		must(t, s.pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE status = 'pending' AND hold = 'retry'`, s.table)).Scan(&waiting))
+		if waiting != n {
+			t.Fatalf("%d of %d delayed rows wait for their time (hold 'retry') after the insert, want all", waiting, n)
+		}
+		_, err := s.pool.Exec(ctx, "VACUUM ANALYZE "+s.table)
+		must(t, err)
 		return
 	}
 	keys := 1

@@ -61,19 +61,7 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 	// the UPDATE privilege: two purges at once wait for each other's rows
 	// rather than skip them.
 	var total int64
-	for _, q := range []string{
-		fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM %[1]s
-    WHERE delivered_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY delivered_at
-    LIMIT $2))`, s.delivered),
-		fmt.Sprintf(`DELETE FROM %[1]s WHERE id = ANY(ARRAY(
-    SELECT id FROM %[1]s
-    WHERE status = 'delivered' AND delivered_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY delivered_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED))`, s.table),
-	} {
+	for _, q := range s.purgeStatements() {
 		for {
 			tag, err := s.pool.Exec(ctx, q, olderThan.Microseconds(), PurgeBatchSize)
 			if err != nil {
@@ -87,6 +75,63 @@ func (s *Storage) Purge(ctx context.Context, olderThan time.Duration) (int64, er
 				return total, fmt.Errorf("purge outbox %s: %w", s.table, err)
 			}
 		}
+	}
+	return total, nil
+}
+
+// purgeStatements delete up to $2 records delivered more than $1
+// microseconds ago, the oldest first: from the delivered table, and from
+// the outbox rows marked delivered in place.
+func (s *Storage) purgeStatements() []string {
+	return []string{
+		fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM %[1]s
+    WHERE delivered_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY delivered_at
+    LIMIT $2))`, s.delivered),
+		fmt.Sprintf(`DELETE FROM %[1]s WHERE id = ANY(ARRAY(
+    SELECT id FROM %[1]s
+    WHERE status = 'delivered' AND delivered_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY delivered_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED))`, s.table),
+	}
+}
+
+// Prune implements [storage.Pruner]: in one transaction that holds the
+// table's prune lock (a transaction-level advisory lock, tried, never
+// waited for: a forwarder that finds another pruning deletes nothing), it
+// deletes up to params.Limit records delivered more than params.OlderThan
+// ago, the oldest first, from the delivered table and then from the outbox
+// rows marked delivered in place.
+func (s *Storage) Prune(ctx context.Context, p storage.PruneParams) (int64, error) {
+	if err := p.Validate(); err != nil {
+		return 0, err
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("prune outbox %s: %w", s.table, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	var locked bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended('txoutbox prune ' || $1::regclass::oid::text, 0))`, s.table).Scan(&locked); err != nil {
+		return 0, fmt.Errorf("prune outbox %s: take the prune lock: %w", s.table, err)
+	}
+	if !locked {
+		return 0, nil
+	}
+	var total int64
+	for _, q := range s.purgeStatements() {
+		tag, err := tx.Exec(ctx, q, p.OlderThan.Microseconds(), int64(p.Limit)-total)
+		if err != nil {
+			return 0, fmt.Errorf("prune outbox %s: %w", s.table, err)
+		}
+		if total += tag.RowsAffected(); total >= int64(p.Limit) {
+			break
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("prune outbox %s: %w", s.table, err)
 	}
 	return total, nil
 }

@@ -113,6 +113,7 @@ func groups() []group {
 		{"Concurrency", concurrencyCases()},
 		{"Stats", statsCases()},
 		{"Maintenance", maintenanceCases()},
+		{"Prune", pruneCases()},
 		{"Operator", operatorCases()},
 		{"HoldOnDeadLetter", holdCases()},
 	}
