@@ -58,6 +58,7 @@ type StatsCollector struct {
 	errors  atomic.Uint64
 
 	pending, leased, delivered, dead, oldestAge *prometheus.Desc
+	oldestDelivered                             *prometheus.Desc
 	skipped, heldKeys, forwarders, fenced       *prometheus.Desc
 	lastError, errorsTotal, duration            *prometheus.Desc
 }
@@ -86,11 +87,13 @@ func NewStatsCollector(reader storage.StatsReader, config StatsCollectorConfig) 
 		timeout: config.Timeout,
 		logger:  config.Logger,
 
-		pending:    desc("pending", "Records not yet delivered nor dead, leased ones included."),
-		leased:     desc("leased", "Pending records currently leased to a forwarder."),
-		delivered:  desc("delivered", "Delivered records not yet purged."),
-		dead:       desc("dead", "Dead-lettered records, waiting for an operator to re-drive or purge them."),
-		oldestAge:  desc("oldest_pending_age_seconds", "Age of the oldest pending record; 0 when none is pending."),
+		pending:   desc("pending", "Records not yet delivered nor dead, leased ones included."),
+		leased:    desc("leased", "Pending records currently leased to a forwarder."),
+		delivered: desc("delivered", "Delivered records not yet purged."),
+		dead:      desc("dead", "Dead-lettered records, waiting for an operator to re-drive or purge them."),
+		oldestAge: desc("oldest_pending_age_seconds", "Age of the oldest pending record; 0 when none is pending."),
+		oldestDelivered: desc("oldest_delivered_age_seconds",
+			"How long ago the oldest delivered record not yet purged was delivered; 0 when none. With the forwarders' retention running it stays near the retention window."),
 		skipped:    desc("skipped", "Dead records an operator gave up on (skipped), kept for audit."),
 		heldKeys:   desc("held_keys", "Keys held back right now: their first record is leased, waiting for a retry, or dead (with hold on dead-letter), with records behind it."),
 		forwarders: desc("forwarders", "Distinct forwarders holding a live lease."),
@@ -104,7 +107,7 @@ func NewStatsCollector(reader storage.StatsReader, config StatsCollectorConfig) 
 
 // Describe implements prometheus.Collector.
 func (c *StatsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pending, c.leased, c.delivered, c.dead, c.oldestAge, c.skipped, c.heldKeys, c.forwarders, c.fenced, c.lastError, c.errorsTotal, c.duration} {
+	for _, d := range []*prometheus.Desc{c.pending, c.leased, c.delivered, c.dead, c.oldestAge, c.oldestDelivered, c.skipped, c.heldKeys, c.forwarders, c.fenced, c.lastError, c.errorsTotal, c.duration} {
 		ch <- d
 	}
 }
@@ -132,6 +135,7 @@ func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.delivered, float64(st.Delivered))
 		gauge(c.dead, float64(st.Dead))
 		gauge(c.oldestAge, st.OldestPendingAge.Seconds())
+		gauge(c.oldestDelivered, st.OldestDeliveredAge.Seconds())
 		gauge(c.skipped, float64(st.Skipped))
 		gauge(c.heldKeys, float64(st.HeldKeys))
 		gauge(c.forwarders, float64(st.Forwarders))

@@ -82,13 +82,16 @@ txoutbox_outbox_stats_scrape_errors_total{table="outbox"} 0
 	if err != nil {
 		t.Error(err)
 	}
-	if n := testutil.CollectAndCount(c); n != 12 {
-		t.Errorf("collected %d metrics, want 12", n)
+	if n := testutil.CollectAndCount(c); n != 13 {
+		t.Errorf("collected %d metrics, want 13", n)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
 	if age := value(t, reg, "txoutbox_outbox_oldest_pending_age_seconds", map[string]string{"table": "outbox"}); age <= 0 || age > 60 {
 		t.Errorf("oldest pending age = %vs, want in (0, 60]", age)
+	}
+	if age := value(t, reg, "txoutbox_outbox_oldest_delivered_age_seconds", map[string]string{"table": "outbox"}); age < 0 || age > 60 {
+		t.Errorf("oldest delivered age = %vs, want in [0, 60] (2 records delivered just now)", age)
 	}
 	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)

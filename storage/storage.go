@@ -194,6 +194,10 @@ type Stats struct {
 	Leased int64
 	// Delivered counts delivered records not yet purged.
 	Delivered int64
+	// OldestDeliveredAge is how long ago the oldest delivered record not
+	// yet purged was delivered, 0 when none: with retention running it
+	// stays near the retention window.
+	OldestDeliveredAge time.Duration
 	// Dead counts dead-lettered records.
 	Dead int64
 	// OldestPendingAge is the age of the oldest pending record, 0 when none.

@@ -607,13 +607,14 @@ var cmdStatus = &command{
 			Dead          int64         `json:"dead"`
 			Skipped       int64         `json:"skipped"`
 			Delivered     int64         `json:"delivered"`
+			DeliveredAge  float64       `json:"oldest_delivered_age_seconds"`
 			OldestAge     float64       `json:"oldest_pending_age_seconds"`
 			Forwarders    int64         `json:"forwarders"`
 			HeldKeyCount  int64         `json:"held_key_count"`
 			HeldKeys      []heldKeyJSON `json:"held_keys"`
 			InboxEntries  int64         `json:"inbox_entries"`
 			InboxOldest   *time.Time    `json:"inbox_oldest_received_at"`
-		}{e.opts.table, ms.Current, st.Pending, st.Leased, st.Dead, st.Skipped, st.Delivered,
+		}{e.opts.table, ms.Current, st.Pending, st.Leased, st.Dead, st.Skipped, st.Delivered, st.OldestDeliveredAge.Seconds(),
 			st.OldestPendingAge.Seconds(), st.Forwarders, st.HeldKeys, []heldKeyJSON{}, ist.Entries, timePtr(ist.Oldest)}
 		for _, h := range held {
 			v.HeldKeys = append(v.HeldKeys, toHeldKeyJSON(h))
@@ -626,6 +627,7 @@ var cmdStatus = &command{
 			fmt.Fprintf(w, "dead\t%d\n", st.Dead)
 			fmt.Fprintf(w, "skipped\t%d\n", st.Skipped)
 			fmt.Fprintf(w, "delivered\t%d\n", st.Delivered)
+			fmt.Fprintf(w, "oldest delivered age\t%s\n", st.OldestDeliveredAge.Round(time.Millisecond))
 			fmt.Fprintf(w, "oldest pending age\t%s\n", st.OldestPendingAge.Round(time.Millisecond))
 			fmt.Fprintf(w, "forwarders seen\t%d\n", st.Forwarders)
 			fmt.Fprintf(w, "held keys\t%d\n", st.HeldKeys)

@@ -28,7 +28,7 @@ var exampleRE = regexp.MustCompile("(?s)<!-- example: ([^>]*?) -->\n```\n(.*?)``
 // Parts of an output that change from run to run.
 var (
 	timeRE     = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
-	durationRE = regexp.MustCompile(`(oldest pending age +)\S+`)
+	durationRE = regexp.MustCompile(`(oldest (?:pending|delivered) age +)\S+`)
 )
 
 func normalizeExample(s string) string {

@@ -339,6 +339,7 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 			}
 		case storage.StatusDelivered:
 			stats.Delivered++
+			stats.OldestDeliveredAge = max(stats.OldestDeliveredAge, now.Sub(e.deliveredAt))
 		case storage.StatusDead:
 			stats.Dead++
 		case storage.StatusSkipped:

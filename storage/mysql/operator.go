@@ -315,12 +315,14 @@ func (s *Storage) stats(ctx context.Context, skipped bool) (storage.Stats, error
     COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) FROM %[1]s FORCE INDEX (done_idx) WHERE status = 'pending' AND delivered_at IS NULL ORDER BY id LIMIT 1), 0),
     %[3]s,
     (SELECT COUNT(DISTINCT leased_by) FROM %[1]s WHERE %[2]s),
-    (%[4]s)`, s.table, leased, skippedCount, s.heldKeysSQL(true, "", 0))
+    (%[4]s),
+    COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, MIN(delivered_at), UTC_TIMESTAMP(6)) FROM %[1]s WHERE status = 'delivered'), 0)`, s.table, leased, skippedCount, s.heldKeysSQL(true, "", 0))
 	var st storage.Stats
-	var age int64
-	if err := s.db.QueryRowContext(ctx, q).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age, &st.Skipped, &st.Forwarders, &st.HeldKeys); err != nil {
+	var age, deliveredAge int64
+	if err := s.db.QueryRowContext(ctx, q).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age, &st.Skipped, &st.Forwarders, &st.HeldKeys, &deliveredAge); err != nil {
 		return storage.Stats{}, err
 	}
 	st.OldestPendingAge = max(time.Duration(age)*time.Microsecond, 0)
+	st.OldestDeliveredAge = max(time.Duration(deliveredAge)*time.Microsecond, 0)
 	return st, nil
 }

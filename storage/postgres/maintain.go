@@ -18,7 +18,8 @@ const PurgeBatchSize = 1000
 // and is always 0 with [Config.DeleteOnAck]. Skipped counts the skipped
 // table, Forwarders the distinct workers with a live lease (the lease table
 // holds the rows in flight only), HeldKeys the keys [Storage.HeldKeys] lists,
-// Fenced the pending records [Config.CommitFence] holds back.
+// Fenced the pending records [Config.CommitFence] holds back, and
+// OldestDeliveredAge the delivered_at indexes.
 func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 	// Fenced: pending rows [Config.CommitFence] holds back (0 without it).
 	fenced := "false"
@@ -34,14 +35,18 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
     (SELECT count(*) FROM %[4]s),
     (SELECT count(DISTINCT leased_by) FROM %[2]s WHERE leased_until > now()),
     (%[5]s),
-    (SELECT count(*) FROM %[1]s WHERE status = 'pending' AND %[6]s)`, s.table, s.leases, s.delivered, s.skipped, s.heldKeysSQL(true), fenced)
+    (SELECT count(*) FROM %[1]s WHERE status = 'pending' AND %[6]s),
+    COALESCE(EXTRACT(EPOCH FROM now() - LEAST(
+        (SELECT min(delivered_at) FROM %[3]s),
+        (SELECT min(delivered_at) FROM %[1]s WHERE status = 'delivered')))::float8, 0)`, s.table, s.leases, s.delivered, s.skipped, s.heldKeysSQL(true), fenced)
 	var st storage.Stats
-	var age float64
+	var age, deliveredAge float64
 	if err := s.pool.QueryRow(ctx, q, "").Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &age,
-		&st.Skipped, &st.Forwarders, &st.HeldKeys, &st.Fenced); err != nil {
+		&st.Skipped, &st.Forwarders, &st.HeldKeys, &st.Fenced, &deliveredAge); err != nil {
 		return storage.Stats{}, fmt.Errorf("outbox stats of %s: %w", s.table, err)
 	}
 	st.OldestPendingAge = max(time.Duration(age*float64(time.Second)), 0)
+	st.OldestDeliveredAge = max(time.Duration(deliveredAge*float64(time.Second)), 0)
 	return st, nil
 }
 

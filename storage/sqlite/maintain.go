@@ -26,7 +26,7 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
 	}
 	defer func() { _ = tx.Rollback() }()
 	t := quote(s.table)
-	var oldest sql.NullInt64
+	var oldest, delivered sql.NullInt64
 	err = tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT
     (SELECT count(*) FROM %[1]s WHERE status = 'pending'),
     (SELECT count(*) FROM %[1]s WHERE status = 'pending' AND leased_until > ?1),
@@ -38,13 +38,17 @@ func (s *Storage) Stats(ctx context.Context) (storage.Stats, error) {
         UNION ALL SELECT min(id) FROM %[1]s WHERE status = 'pending' AND hold = 'behind'))),
     (SELECT count(*) FROM %[2]s),
     (SELECT count(DISTINCT leased_by) FROM %[1]s WHERE status = 'pending' AND leased_until > ?1),
-    (%[3]s)`, t, quote(s.SkippedTable()), s.heldKeysSQL(true)),
-		nanos(now), s.hold, "", -1).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &oldest, &st.Skipped, &st.Forwarders, &st.HeldKeys)
+    (%[3]s),
+    (SELECT min(delivered_at) FROM %[1]s WHERE status = 'delivered')`, t, quote(s.SkippedTable()), s.heldKeysSQL(true)),
+		nanos(now), s.hold, "", -1).Scan(&st.Pending, &st.Leased, &st.Delivered, &st.Dead, &oldest, &st.Skipped, &st.Forwarders, &st.HeldKeys, &delivered)
 	if err != nil {
 		return st, fmt.Errorf("read outbox stats of %q: %w", s.table, err)
 	}
 	if oldest.Valid {
 		st.OldestPendingAge = max(now.Sub(fromNanos(oldest.Int64)), 0)
+	}
+	if delivered.Valid {
+		st.OldestDeliveredAge = max(now.Sub(fromNanos(delivered.Int64)), 0)
 	}
 	return st, nil
 }

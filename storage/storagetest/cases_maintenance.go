@@ -51,7 +51,11 @@ func testStatsCounts(t *testing.T, e *env) {
 	}
 	// Forwarders is optional (0 when not reported); HeldKeys is 0 for
 	// keyless records.
-	want := storage.Stats{Pending: 3, Leased: 1, Delivered: 1, Dead: 1, OldestPendingAge: st.OldestPendingAge, Forwarders: st.Forwarders}
+	want := storage.Stats{Pending: 3, Leased: 1, Delivered: 1, Dead: 1, OldestPendingAge: st.OldestPendingAge, Forwarders: st.Forwarders,
+		OldestDeliveredAge: st.OldestDeliveredAge}
+	if st.OldestDeliveredAge < 0 || st.OldestDeliveredAge > time.Since(before)+time.Second {
+		t.Errorf("Stats returned OldestDeliveredAge %v for a record delivered within the last %v: it is how long ago the oldest delivered record was delivered", st.OldestDeliveredAge, time.Since(before))
+	}
 	if st.Forwarders != 0 && st.Forwarders != 1 {
 		t.Errorf("Stats returned Forwarders %d while one worker holds a live lease, want 1 (or 0 when the storage does not report it)", st.Forwarders)
 	}

@@ -102,6 +102,12 @@ func testPruneOnlyExpired(t *testing.T, e *env) {
 		t.Fatalf("Prune after every delivered record was deleted returned %d, %v: want 0", n, err)
 	}
 	e.untouched(deadIDs, pending, 2, "Prune")
+	if r, ok := e.s.(storage.StatsReader); ok {
+		st, err := r.Stats(e.ctx)
+		if err != nil || st.Delivered != 0 || st.OldestDeliveredAge != 0 || st.Dead != 2 || st.Pending != 4 {
+			t.Fatalf("Stats after every delivered record was pruned returned %+v, %v: want Delivered 0, OldestDeliveredAge 0, the 2 dead and 4 pending records", st, err)
+		}
+	}
 }
 
 func testPruneConcurrent(t *testing.T, e *env) {
