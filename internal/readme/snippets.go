@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/components/cqrs"
@@ -121,4 +122,11 @@ func MountConsole(store storage.Operator, adminMux *http.ServeMux, isAdmin func(
 	}
 	adminMux.Handle("/admin/outbox/", h)
 	return h, nil // Close it on shutdown: it stops the stats sampler
+}
+
+// DelayedReminder is the README's delayed delivery: a message published now
+// and delivered a day later.
+func DelayedReminder(pub message.Publisher, msg *message.Message) error {
+	txoutbox.Delay(msg, 24*time.Hour) // or txoutbox.DeliverAt(msg, midnight)
+	return pub.Publish("reminders.due", msg)
 }
