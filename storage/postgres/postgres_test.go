@@ -1731,3 +1731,54 @@ func TestClaimNotDrainedWhenItCannotTell(t *testing.T) {
 		}
 	})
 }
+
+// TestInsertDelayed: a delayed record written through a pgx.Tx or a
+// *sql.Tx is due at its time and waits in the retry index (hold 'retry')
+// from the insert on; a record delayed to a time already past is due at
+// once and walked.
+func TestInsertDelayed(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, Config{})
+	ctx := t.Context()
+	due := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	delayed := func(key string, at time.Time) storage.Record {
+		r := rec(key)
+		r.DueAt = at
+		return r
+	}
+	ids := insert(t, s, delayed("a", due), delayed("", time.Now().Add(-time.Minute)), rec("b"))
+	db := stdlib.OpenDBFromPool(s.pool)
+	defer db.Close()
+	stx, err := db.BeginTx(ctx, nil)
+	must(t, err)
+	must(t, s.Insert(ctx, stx, []storage.Record{delayed("c", due)}))
+	must(t, stx.Commit())
+	type row struct {
+		id   int64
+		due  time.Time
+		hold *string
+	}
+	rows, err := s.pool.Query(ctx, "SELECT id, due_at, hold FROM "+s.table+" ORDER BY id")
+	must(t, err)
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		return x, r.Scan(&x.id, &x.due, &x.hold)
+	})
+	must(t, err)
+	if len(got) != 4 || got[0].id != ids[0] {
+		t.Fatalf("rows %+v", got)
+	}
+	for _, i := range []int{0, 3} {
+		if !got[i].due.Equal(due) || got[i].hold == nil || *got[i].hold != "retry" {
+			t.Errorf("delayed row %d: due %v hold %v, want due %v and hold retry", got[i].id, got[i].due, got[i].hold, due)
+		}
+	}
+	for _, i := range []int{1, 2} {
+		if got[i].hold != nil || got[i].due.After(time.Now()) {
+			t.Errorf("row %d due at once: due %v hold %v, want due now and no hold", got[i].id, got[i].due, got[i].hold)
+		}
+	}
+	if c := claim(t, s, "w", 10, time.Minute); !slices.Equal(idsOf(c), ids[1:3]) {
+		t.Fatalf("claimed %v, want %v", idsOf(c), ids[1:3])
+	}
+}
