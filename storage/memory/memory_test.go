@@ -134,7 +134,7 @@ func TestStatsAndPurgeFollowConfiguredClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := storage.Stats{Pending: 1, Delivered: 1, OldestPendingAge: 2 * time.Minute}
+	want := storage.Stats{Pending: 1, Delivered: 1, OldestPendingAge: 2 * time.Minute, OldestDeliveredAge: time.Minute}
 	if st != want {
 		t.Fatalf("Stats = %+v, want %+v", st, want)
 	}
