@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/storage"
@@ -185,7 +184,7 @@ func TestForwardersUnderRandomStorageFaults(t *testing.T) {
 					StorageErrorDelay: 10 * time.Millisecond,
 					Backoff:           txoutbox.Backoff{Base: 5 * time.Millisecond, Max: 20 * time.Millisecond, Jitter: txoutbox.NoJitter},
 				}
-				var target message.Publisher = check.target(id, rec)
+				target := check.target(id, rec)
 				f, err := txoutbox.NewForwarder(&chaosStore{Storage: s, lease: lease, timeout: timeout}, target, cfg, logs)
 				if err != nil {
 					t.Fatal(err)

@@ -91,7 +91,7 @@ func faultConsumer() error {
 			return out, err
 		}
 	})
-	r.AddNoPublisherHandler("billing", os.Getenv(envQueue), sub, func(msg *message.Message) error {
+	r.AddConsumerHandler("billing", os.Getenv(envQueue), sub, func(msg *message.Message) error {
 		tx, _ := txoutbox.TxFromContext(msg.Context())
 		if _, err := tx.(pgx.Tx).Exec(msg.Context(), "INSERT INTO "+schema+".orders (uuid) VALUES ($1)", msg.UUID); err != nil {
 			return err

@@ -128,7 +128,7 @@ func TestRouterRetryRecovererPoison(t *testing.T) {
 			}
 			return out, nil
 		}
-		h := r.AddNoPublisherHandler("billing", queue, br.subscriber(t), func(msg *message.Message) error {
+		h := r.AddConsumerHandler("billing", queue, br.subscriber(t), func(msg *message.Message) error {
 			_, err := handler(msg)
 			return err
 		})

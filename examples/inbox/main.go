@@ -109,7 +109,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	router.AddMiddleware(middleware.Recoverer, middleware.Retry{MaxRetries: 3, InitialInterval: 10 * time.Millisecond}.Middleware)
-	router.AddNoPublisherHandler("billing", ordersCreated, ordersSub, func(msg *message.Message) error {
+	router.AddConsumerHandler("billing", ordersCreated, ordersSub, func(msg *message.Message) error {
 		tx, ok := txoutbox.TxFromContext(msg.Context()) // a pgx.Tx (a *sql.Tx with InboxDB, MySQL, SQLite)
 		if !ok {
 			return errors.New("no transaction: is the inbox middleware on?")

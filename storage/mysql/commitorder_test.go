@@ -223,6 +223,7 @@ func TestPurgeKeys(t *testing.T) {
 	var left []string
 	rows, err := s.db.QueryContext(ctx, "SELECT CAST(`key` AS BINARY) FROM "+s.KeyTable()+" ORDER BY `key`")
 	must(t, err)
+	defer rows.Close()
 	for rows.Next() {
 		var k string
 		must(t, rows.Scan(&k))

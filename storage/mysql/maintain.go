@@ -3,7 +3,6 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -97,31 +96,41 @@ func (s *Storage) Redrive(ctx context.Context, p storage.RedriveParams) (int64, 
 	return n, nil
 }
 
+// freeKeys locks and returns up to PurgeBatchSize keys of the key table
+// that no producer holds.
+func (s *Storage) freeKeys(ctx context.Context, tx *sql.Tx) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, "SELECT CAST(`key` AS BINARY) FROM "+s.KeyTable()+" LIMIT "+strconv.Itoa(PurgeBatchSize)+" FOR UPDATE SKIP LOCKED")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = rows.Close() }()
+	var keys []string
+	for rows.Next() {
+		var k []byte
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys = append(keys, string(k))
+	}
+	return keys, rows.Err()
+}
+
 // purgeKeys deletes the rows of the key table that no producer holds.
 func (s *Storage) purgeKeys(ctx context.Context) error {
 	for {
 		var n int
 		err := s.inTx(ctx, func(tx *sql.Tx) error {
-			rows, err := tx.QueryContext(ctx, "SELECT CAST(`key` AS BINARY) FROM "+s.KeyTable()+" LIMIT "+strconv.Itoa(PurgeBatchSize)+" FOR UPDATE SKIP LOCKED")
-			if err != nil {
+			keys, err := s.freeKeys(ctx, tx)
+			n = len(keys)
+			if err != nil || n == 0 {
 				return err
 			}
 			var b strings.Builder
-			n = 0
-			for rows.Next() {
-				var k []byte
-				if err := rows.Scan(&k); err != nil {
-					_ = rows.Close()
-					return err
-				}
-				if n > 0 {
+			for i, k := range keys {
+				if i > 0 {
 					b.WriteByte(',')
 				}
-				strLit(&b, string(k))
-				n++
-			}
-			if err := errors.Join(rows.Err(), rows.Close()); err != nil || n == 0 {
-				return err
+				strLit(&b, k)
 			}
 			_, err = tx.ExecContext(ctx, "DELETE FROM "+s.KeyTable()+" WHERE `key` IN ("+b.String()+")")
 			return err
