@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/storage"
 )
