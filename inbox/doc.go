@@ -10,7 +10,7 @@
 //	go in.Run(ctx)                                    // retention
 //
 //	events, _ := txoutbox.NewPublisher(store, txoutbox.PublisherConfig{})
-//	h := router.AddNoPublisherHandler("billing", "orders.created", sub, func(msg *message.Message) error {
+//	h := router.AddConsumerHandler("billing", "orders.created", sub, func(msg *message.Message) error {
 //		tx, _ := txoutbox.TxFromContext(msg.Context()) // *sql.Tx here, pgx.Tx on a pgx pool
 //		if _, err := tx.(*sql.Tx).ExecContext(msg.Context(), `INSERT INTO invoices ...`); err != nil {
 //			return err

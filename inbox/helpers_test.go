@@ -197,7 +197,7 @@ func newMySQL(t testing.TB) *backend {
 	db.SetMaxOpenConns(16)
 	table := uniqueName("txi")
 	t.Cleanup(func() {
-		db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_inbox, " + table + "_orders")
+		db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_skipped, " + table + "_migrations, " + table + "_keys, " + table + "_inbox, " + table + "_orders")
 		db.Close()
 	})
 	s, err := mysql.New(db, mysql.Config{Table: table})
@@ -214,7 +214,10 @@ func newMySQL(t testing.TB) *backend {
 		outboxTable: s.Table(), placeholder: question,
 		waitsForLock: func(ctx context.Context) (bool, error) {
 			var n int
-			err := db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE ?", "%"+table+"_inbox%").Scan(&n)
+			// innodb_trx did not always list the waiting transaction under
+			// load; the process list shows the INSERT still running.
+			err := db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE ?)
+    + (SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'INSERT IGNORE%' AND info LIKE ?)`, "%"+table+"_inbox%", "%"+table+"_inbox%").Scan(&n)
 			return n > 0, err
 		}}
 }

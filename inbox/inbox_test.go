@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -198,6 +199,10 @@ func TestRacingConsumers(t *testing.T) {
 			inner := orderHandler(b, &calls)
 			entered := make(chan struct{}, 2)
 			release := make(chan struct{})
+			var releaseOnce sync.Once
+			// A failed check must not leave the first instance holding its
+			// transaction: the backend's clean-up would wait for it.
+			t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
 			var failed atomic.Bool
 			h := newInbox(t, b, "billing").Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				entered <- struct{}{}
@@ -219,6 +224,11 @@ func TestRacingConsumers(t *testing.T) {
 			go run()
 			if b.waitsForLock != nil {
 				awaitTrue(t, "the second instance to wait for the first's entry", 30*time.Second, func() bool {
+					select {
+					case err := <-errs:
+						t.Fatalf("the second instance returned (%v) while the first held the message", err)
+					default:
+					}
 					w, err := b.waitsForLock(context.Background())
 					if err != nil {
 						t.Fatal(err)
@@ -231,7 +241,7 @@ func TestRacingConsumers(t *testing.T) {
 				t.Fatal("the second instance ran the handler while the first held the message")
 			default:
 			}
-			close(release)
+			releaseOnce.Do(func() { close(release) })
 			e1, e2 := <-errs, <-errs
 			wantCalls, errCount := 1, 0
 			if firstFails {
