@@ -1,10 +1,8 @@
 package middleware
 
 import (
-	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -39,16 +37,11 @@ func NewInboxStatsCollector(store storage.InboxStore, config StatsCollectorConfi
 	if store == nil {
 		return nil, errors.New("txoutbox/middleware: nil storage.InboxStore (try postgres.Storage.Inbox or sqlite.Storage.Inbox)")
 	}
-	if config.Timeout < 0 {
-		return nil, fmt.Errorf("invalid stats collector config: Timeout must be > 0, got %s", config.Timeout)
+	config, err := config.withDefaults()
+	if err != nil {
+		return nil, err
 	}
-	config.Timeout = cmp.Or(config.Timeout, StatsTimeoutDefault)
-	if config.Logger == nil {
-		config.Logger = watermill.NopLogger{}
-	}
-	desc := func(name, help string) *prometheus.Desc {
-		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "inbox", name), help, nil, config.ConstLabels)
-	}
+	desc := config.desc("inbox")
 	return &InboxStatsCollector{
 		store: store, timeout: config.Timeout, logger: config.Logger,
 		entries:   desc("entries", "Entries of the inbox table, every consumer."),

@@ -30,6 +30,26 @@ type StatsCollectorConfig struct {
 	Logger watermill.LoggerAdapter
 }
 
+// withDefaults checks config and fills in its defaults.
+func (config StatsCollectorConfig) withDefaults() (StatsCollectorConfig, error) {
+	if config.Timeout < 0 {
+		return config, fmt.Errorf("invalid stats collector config: Timeout must be > 0, got %s", config.Timeout)
+	}
+	config.Timeout = cmp.Or(config.Timeout, StatsTimeoutDefault)
+	if config.Logger == nil {
+		config.Logger = watermill.NopLogger{}
+	}
+	return config, nil
+}
+
+// desc returns the describer of the gauges of subsystem (outbox, inbox),
+// with the config's constant labels.
+func (config StatsCollectorConfig) desc(subsystem string) func(name, help string) *prometheus.Desc {
+	return func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, subsystem, name), help, nil, config.ConstLabels)
+	}
+}
+
 // StatsCollector is a prometheus.Collector that reads storage.Stats on each
 // scrape and exports them as gauges:
 //
@@ -72,16 +92,11 @@ func NewStatsCollector(reader storage.StatsReader, config StatsCollectorConfig) 
 	if reader == nil {
 		return nil, errors.New("txoutbox/middleware: nil storage.StatsReader (try a postgres.Storage or sqlite.Storage)")
 	}
-	if config.Timeout < 0 {
-		return nil, fmt.Errorf("invalid stats collector config: Timeout must be > 0, got %s", config.Timeout)
+	config, err := config.withDefaults()
+	if err != nil {
+		return nil, err
 	}
-	config.Timeout = cmp.Or(config.Timeout, StatsTimeoutDefault)
-	if config.Logger == nil {
-		config.Logger = watermill.NopLogger{}
-	}
-	desc := func(name, help string) *prometheus.Desc {
-		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "outbox", name), help, nil, config.ConstLabels)
-	}
+	desc := config.desc("outbox")
 	return &StatsCollector{
 		reader:  reader,
 		timeout: config.Timeout,
